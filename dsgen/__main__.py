@@ -1,0 +1,5 @@
+"""``python -m dsgen`` runs the CLI."""
+
+from dsgen.cli import main
+
+main()

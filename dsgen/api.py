@@ -1,0 +1,40 @@
+"""The Python API behind the CLI: load a spec, solve it, render and validate the config.
+
+    from dsgen.api import load_spec, solve_spec, render_plan
+    spec = load_spec("examples/llama-3.1-8b-8xh100.yaml")
+    result = solve_spec(spec)
+    rendered = render_plan(spec, result.best.plan)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dsgen.plan import Plan
+from dsgen.render import Rendered, render
+from dsgen.solver import SolveResult, require_feasible, solve
+from dsgen.spec.loader import load_spec as _load_spec
+from dsgen.spec.types import Spec
+
+
+def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Spec:
+    """Read and validate a spec file; raises DsgenError (exit 2) with file:line on bad input."""
+    return _load_spec(path, overrides)
+
+
+def solve_spec(spec: Spec) -> SolveResult:
+    """Search the plan space; the result ranks every feasible plan."""
+    return solve(spec)
+
+
+def render_plan(spec: Spec, plan: Plan, target: str | None = None) -> Rendered:
+    """Render and validate the config of ``plan`` for ``target`` (default: the spec's output target)."""
+    return render(spec, plan, target or spec.output.target)
+
+
+def build_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> tuple[SolveResult, Rendered]:
+    """Load, solve (raising InfeasibleError, exit 3, when nothing fits) and render in one call."""
+    spec = load_spec(path, overrides)
+    result = solve_spec(spec)
+    best = require_feasible(result)
+    return result, render_plan(spec, best.plan)

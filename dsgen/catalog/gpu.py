@@ -1,0 +1,44 @@
+"""Accelerator descriptions: memory, precision support, peak throughput and link bandwidths."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One accelerator model.
+
+    ``memory_gib`` is the capacity the CUDA/ROCm runtime reports as total device memory (what
+    ``torch.cuda.mem_get_info()`` returns as total), not the marketing figure. Throughputs are
+    dense (no sparsity) peaks in TFLOP/s; bandwidths are GB/s (1e9 bytes per second), one
+    direction, per GPU.
+    """
+
+    name: str
+    memory_gib: float
+    bf16: bool
+    fp16: bool = True
+    peak_tflops_bf16: float = 0.0
+    peak_tflops_fp16: float = 0.0
+    peak_tflops_fp32: float = 0.0
+    memory_bandwidth_gbps: float = 0.0
+    interconnect_bandwidth_gbps: float = 0.0  # intra-node GPU-to-GPU (NVLink/xGMI, or PCIe)
+    pcie_bandwidth_gbps: float = 25.0  # host link, used for CPU offload transfers
+    vendor: str = "nvidia"
+    compute_capability: str = ""
+    description: str = ""
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gib * GIB)
+
+    def peak_tflops(self, precision: str) -> float:
+        """Dense peak for the precision the plan trains in (fp32 falls back to TF32-free FP32)."""
+        if precision == "bf16":
+            return self.peak_tflops_bf16
+        if precision == "fp16":
+            return self.peak_tflops_fp16
+        return self.peak_tflops_fp32

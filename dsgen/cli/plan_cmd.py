@@ -1,0 +1,76 @@
+"""``dsgen new`` (solve, render, validate, write) and ``dsgen solve`` (report only)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dsgen.errors import ExitCode
+
+SpecArg = Annotated[Path, typer.Argument(help="The spec YAML file.", show_default=False)]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-s", help="Override a spec key, e.g. training.sequence_length=8192 (repeatable)."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (the output contract) instead of text.")]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("new")(new)
+    app.command("solve")(solve)
+
+
+def new(
+    spec_file: SpecArg,
+    overrides: SetOpt = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write the config (default: output.path in the spec).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Solve the spec, render and validate the DeepSpeed config, and write it."""
+    from dsgen.api import build_config
+    from dsgen.output import write_atomic
+    from dsgen.report import human_summary, result_dict, script_requirements
+
+    result, rendered = build_config(spec_file, overrides or [])
+    spec = result.spec
+    target = output if output is not None else _resolve_output(spec_file, spec.output.path)
+    write_atomic(target, rendered.text, force=force)
+    if as_json:
+        body = result_dict(result)
+        body["written"] = [str(target)]
+        typer.echo(json.dumps(body, indent=2))
+        return
+    assert result.best is not None
+    typer.echo(human_summary(result))
+    typer.echo("")
+    typer.echo(script_requirements(spec, result.best.plan))
+    typer.echo(f"wrote {target}")
+
+
+def _resolve_output(spec_file: Path, path: str) -> Path:
+    candidate = Path(path)
+    return candidate if candidate.is_absolute() else Path.cwd() / candidate
+
+
+def solve(
+    spec_file: SpecArg,
+    overrides: SetOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Solve the spec and report the plan; nothing is written. Exit 3 when nothing fits."""
+    from dsgen.api import load_spec, solve_spec
+    from dsgen.report import human_summary, result_dict
+
+    result = solve_spec(load_spec(spec_file, overrides or []))
+    if as_json:
+        typer.echo(json.dumps(result_dict(result), indent=2))
+    else:
+        typer.echo(human_summary(result))
+        for alt in result.alternatives:
+            typer.echo(f"  ZeRO-{alt.zero_stage}: {alt.reason}")
+    if not result.feasible:
+        raise typer.Exit(int(ExitCode.INFEASIBLE))

@@ -1,0 +1,221 @@
+"""Per-GPU, per-node host and per-node NVMe memory of one plan.
+
+Model-state terms follow the ZeRO paper's partitioning (Rajbhandari et al. 2020) with DeepSpeed's
+actual tensors (fp32 master weights and fp32 gradient partitions for mixed precision, as in
+``stage_1_and_2.py`` / ``stage3.py``); buffers follow DeepSpeed's allocation of reduce buckets and
+ZeRO-3 gathered parameters; activations come from :mod:`dsgen.estimate.activations`.
+docs/memory-model.md documents every term and its source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dsgen.catalog.model_shape import ModelShape
+from dsgen.estimate.activations import estimate_activations
+from dsgen.plan import Plan
+from dsgen.spec.types import Hardware, Training
+
+GIB = 1 << 30
+FP32 = 4
+
+# Fixed allowances (see docs/memory-model.md, "Overheads").
+CUDA_CONTEXT_BYTES = int(0.75 * GIB)  # CUDA context, kernels and cuBLAS workspace (torch 2.x)
+COMM_LIBRARY_BYTES = int(0.5 * GIB)  # NCCL communicators and their buffers
+ALLOCATOR_SLACK = 0.05  # caching-allocator fragmentation, as a share of dynamic allocations
+HOST_BYTES_PER_RANK = 3 * GIB  # python, torch, DeepSpeed and CUDA host state per training process
+HOST_RESERVE = 0.10  # share of host RAM left for the OS, page cache and data loaders
+
+# Optimizer state bytes per parameter, not counting the fp32 master copy.
+OPTIMIZER_STATE_BYTES = {"adamw": 8, "adam": 8, "lion": 4, "sgd": 4, "adagrad": 4}
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    parameters: int
+    gradients: int
+    optimizer_states: int
+    activations: int
+    buffers: int
+    transient: int
+    overhead: int
+    capacity: int
+
+    @property
+    def total(self) -> int:
+        return (
+            self.parameters + self.gradients + self.optimizer_states + self.activations
+            + self.buffers + self.transient + self.overhead
+        )
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    total: int
+    capacity: int
+    offloaded_states: int
+    process: int
+
+
+@dataclass(frozen=True)
+class NvmeMemory:
+    total: int
+    capacity: int
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    gpu: GpuMemory
+    cpu: HostMemory
+    nvme: NvmeMemory
+
+
+def persistent_parameters(shape: ModelShape, threshold: int) -> int:
+    """Parameters ZeRO-3 keeps whole on every rank: tensors with at most ``threshold`` elements
+    (norm weights and biases in practice; DeepSpeed's ``param_persistence_threshold``)."""
+    h = shape.hidden_size
+    norm_tensors = [h] * (2 if shape.norm == "layernorm" else 1)
+    per_layer: list[int] = norm_tensors * shape.norms_per_layer
+    if shape.attention_bias:
+        per_layer += [shape.q_size, shape.kv_size, shape.kv_size]
+    if shape.attention_out_bias:
+        per_layer.append(h)
+    if shape.mlp_bias:
+        per_layer += [shape.intermediate_size] * (2 if shape.gated_mlp else 1) + [h]
+    small = sum(n for n in per_layer if n <= threshold) * shape.num_layers
+    tail = norm_tensors * (int(shape.final_norm) + int(shape.embedding_norm))
+    return small + sum(n for n in tail if n <= threshold)
+
+
+def model_state_bytes(shape: ModelShape, plan: Plan, optimizer: str) -> tuple[int, int, int]:
+    """(parameters, gradients, optimizer states) on one GPU, in bytes."""
+    p = shape.parameter_count()
+    n = plan.data_parallel_size
+    w = plan.dtype_bytes
+    stage = plan.zero_stage
+    master = FP32 if plan.mixed_precision else 0
+    state = OPTIMIZER_STATE_BYTES[optimizer]
+    offloaded = plan.offload_optimizer != "none"
+
+    if stage < 3:
+        params = w * p
+    else:
+        kept = persistent_parameters(shape, plan.knobs.param_persistence_threshold)
+        params = w * kept + (0 if plan.offload_param != "none" else w * -(-(p - kept) // n))
+
+    # 16-bit gradients: whole for stage 0/1 (accumulated in param.grad), partitioned from stage 2.
+    # CPU offload in ZeRO-1/2 streams gradient partitions to the host, so only the partition stays.
+    grad_partitioned = stage >= 2 or (stage == 1 and offloaded)
+    grads = w * (-(-p // n) if grad_partitioned else p)
+    # Mixed precision adds the fp32 gradient of the rank's optimizer partition (on GPU unless offloaded).
+    if plan.mixed_precision and not offloaded:
+        grads += FP32 * (p if stage == 0 else -(-p // n))
+
+    optimizer_bytes = 0 if offloaded else (master + state) * (p if stage == 0 else -(-p // n))
+    return params, grads, optimizer_bytes
+
+
+def buffer_bytes(shape: ModelShape, plan: Plan) -> int:
+    """DeepSpeed's communication buffers and ZeRO-3's gathered parameters on one GPU."""
+    if plan.zero_stage == 0:
+        return 0
+    w = plan.dtype_bytes
+    k = plan.knobs
+    copies = 2 if k.overlap_comm else 1
+    reduce = copies * w * min(k.reduce_bucket_size, shape.parameter_count())
+    if plan.zero_stage < 3:
+        return reduce
+    live = min(k.max_live_parameters, shape.layer_gather_parameters() + k.prefetch_bucket_size)
+    gathered = w * max(shape.largest_module_parameters(), live)
+    return reduce + gathered
+
+
+def transient_bytes(shape: ModelShape, plan: Plan, training: Training, recompute_working_set: int) -> int:
+    """The largest short-lived allocation of a step beyond saved activations.
+
+    Loss backward: the 16-bit logits the model returned stay alive while the fp32 gradient of the
+    log-softmax and of its input are formed. Checkpointed backward: one layer's activations are
+    rebuilt. The two happen at different moments, so the larger one counts.
+    """
+    tokens = plan.micro_batch_size * training.sequence_length
+    logits = tokens * shape.vocab_size * (plan.dtype_bytes + 2 * FP32)
+    return max(logits, recompute_working_set)
+
+
+def host_bytes(shape: ModelShape, plan: Plan, hardware: Hardware, optimizer: str) -> tuple[int, int]:
+    """(total, offloaded states) of host RAM per node."""
+    p = shape.parameter_count()
+    n = plan.data_parallel_size
+    ranks = hardware.gpus_per_node
+    per_rank_partition = -(-p // n)
+    w = plan.dtype_bytes
+    master = FP32 if plan.mixed_precision else 0
+    state = OPTIMIZER_STATE_BYTES[optimizer]
+    offloaded = 0
+    if plan.offload_optimizer == "cpu":
+        # fp32 master weights, optimizer states and the fp32 gradient partition live in host RAM
+        offloaded += ranks * (master + state + FP32) * per_rank_partition
+    elif plan.offload_optimizer == "nvme":
+        # fp32 gradients stay on the host; states are swapped through pinned buffers
+        swap = 4 * min(plan.knobs.sub_group_size, per_rank_partition) * FP32
+        offloaded += ranks * (FP32 * per_rank_partition + swap)
+    if plan.offload_param == "cpu":
+        offloaded += ranks * w * per_rank_partition
+    elif plan.offload_param == "nvme":
+        offloaded += ranks * 5 * 100_000_000 * w  # buffer_count x buffer_size pinned swap buffers
+    # Loading a checkpoint without zero.Init materialises the full 16-bit model in every process;
+    # those host copies are freed once the engine moves the model to the GPU, before the offloaded
+    # states are allocated, so the two do not add up.
+    loading = ranks * w * p if plan.zero_stage < 3 else 0
+    process = ranks * HOST_BYTES_PER_RANK
+    return process + max(loading, offloaded), offloaded
+
+
+def nvme_bytes(shape: ModelShape, plan: Plan, hardware: Hardware, optimizer: str) -> int:
+    p = shape.parameter_count()
+    per_rank_partition = -(-p // plan.data_parallel_size)
+    ranks = hardware.gpus_per_node
+    total = 0
+    if plan.offload_optimizer == "nvme":
+        master = FP32 if plan.mixed_precision else 0
+        total += ranks * (master + OPTIMIZER_STATE_BYTES[optimizer]) * per_rank_partition
+    if plan.offload_param == "nvme":
+        total += ranks * plan.dtype_bytes * per_rank_partition
+    return total
+
+
+def estimate_memory(shape: ModelShape, plan: Plan, hardware: Hardware, training: Training) -> MemoryEstimate:
+    """Predict the memory of ``plan`` (pure function of its inputs)."""
+    params, grads, optimizer_states = model_state_bytes(shape, plan, training.optimizer.type)
+    acts = estimate_activations(
+        shape,
+        micro_batch_size=plan.micro_batch_size,
+        sequence_length=training.sequence_length,
+        dtype_bytes=plan.dtype_bytes,
+        attention=training.attention,
+        checkpointing=plan.activation_checkpointing,
+    )
+    buffers = buffer_bytes(shape, plan)
+    transient = transient_bytes(shape, plan, training, acts.recompute_working_set)
+    dynamic = acts.total + buffers + transient
+    overhead = CUDA_CONTEXT_BYTES + COMM_LIBRARY_BYTES + int(ALLOCATOR_SLACK * dynamic)
+    gpu = GpuMemory(
+        parameters=params,
+        gradients=grads,
+        optimizer_states=optimizer_states,
+        activations=acts.total,
+        buffers=buffers,
+        transient=transient,
+        overhead=overhead,
+        capacity=hardware.gpu.memory_bytes,
+    )
+    host_total, offloaded = host_bytes(shape, plan, hardware, training.optimizer.type)
+    cpu = HostMemory(
+        total=host_total,
+        capacity=hardware.cpu_memory_bytes,
+        offloaded_states=offloaded,
+        process=hardware.gpus_per_node * HOST_BYTES_PER_RANK,
+    )
+    nvme_capacity = hardware.nvme.capacity_bytes if hardware.nvme else 0
+    nvme = NvmeMemory(total=nvme_bytes(shape, plan, hardware, training.optimizer.type), capacity=nvme_capacity)
+    return MemoryEstimate(gpu=gpu, cpu=cpu, nvme=nvme)

@@ -1,0 +1,119 @@
+"""Step time of one plan: compute at an assumed MFU, ZeRO communication, offload traffic.
+
+A first-order model (see docs/throughput-model.md): good enough to rank plans that differ by
+stage, offload and micro-batch, which is what the solver needs. Figures are per optimizer step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dsgen.catalog.model_shape import ModelShape
+from dsgen.estimate.memory import FP32, OPTIMIZER_STATE_BYTES
+from dsgen.plan import Plan
+from dsgen.spec.types import Hardware, Training
+
+DEFAULT_MFU_MIXED = 0.40  # achievable model FLOPs utilisation for 16-bit training with DeepSpeed
+DEFAULT_MFU_FP32 = 0.50  # fp32 peaks are low, so a larger share of them is reached
+COLLECTIVE_EFFICIENCY = 0.70  # achieved bus bandwidth / link bandwidth for ring collectives
+OVERLAP_SHARE = 0.80  # share of backward compute that overlap_comm can hide communication behind
+PCIE_EFFICIENCY = 0.80
+MICRO_BATCH_TOKENS_HALF_EFFICIENCY = 256  # tokens per micro-batch at which kernels run at half MFU
+ZERO3_COMPUTE_OVERHEAD = 1.10  # ZeRO-3 module hooks, partition bookkeeping and gather traffic contending with compute
+COLLECTIVE_LATENCY_S = {"intra": 30e-6, "inter": 100e-6}  # fixed cost of launching one collective
+
+
+@dataclass(frozen=True)
+class StepTime:
+    compute_s: float
+    exposed_comm_s: float
+    offload_s: float
+    model_flops: float  # per step, all GPUs, without recompute
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.exposed_comm_s + self.offload_s
+
+
+def model_flops_per_token(shape: ModelShape, sequence_length: int) -> float:
+    """Training FLOPs per token (forward + backward) in the PaLM accounting: 6N plus attention."""
+    n = shape.active_parameter_count() - shape.embedding_parameters()
+    attention = 12 * shape.num_layers * shape.q_size * sequence_length
+    logits = 6 * shape.hidden_size * shape.vocab_size if shape.tie_word_embeddings else 0
+    return 6 * n + attention + logits
+
+
+def assumed_mfu(training: Training, plan: Plan) -> float:
+    if training.mfu is not None:
+        return training.mfu
+    return DEFAULT_MFU_MIXED if plan.mixed_precision else DEFAULT_MFU_FP32
+
+
+def _collective_bandwidth(hardware: Hardware) -> float:
+    """Bytes per second one GPU achieves in a ring over the data-parallel group."""
+    link = hardware.gpu.interconnect_bandwidth_gbps
+    if hardware.nodes > 1:
+        link = min(link, hardware.inter_node_bandwidth_gbps)
+    return link * 1e9 * COLLECTIVE_EFFICIENCY
+
+
+def estimate_step_time(shape: ModelShape, plan: Plan, hardware: Hardware, training: Training) -> StepTime:
+    """Predict the wall time of one optimizer step (pure function of its inputs)."""
+    s = training.sequence_length
+    tokens_per_gpu_micro = plan.micro_batch_size * s
+    tokens_per_step = plan.global_batch_size * s
+    flops = model_flops_per_token(shape, s) * tokens_per_step
+    hardware_flops = flops
+    if plan.activation_checkpointing:
+        hardware_flops += flops / 3  # one more forward pass
+    size_efficiency = tokens_per_gpu_micro / (tokens_per_gpu_micro + MICRO_BATCH_TOKENS_HALF_EFFICIENCY)
+    peak = hardware.gpu.peak_tflops(plan.precision) * 1e12
+    compute = hardware_flops / (hardware.world_size * peak * assumed_mfu(training, plan) * size_efficiency)
+    if plan.zero_stage == 3:
+        compute *= ZERO3_COMPUTE_OVERHEAD
+
+    n = plan.data_parallel_size
+    p = shape.parameter_count()
+    w = plan.dtype_bytes
+    ring = (n - 1) / n if n > 1 else 0.0
+    bandwidth = _collective_bandwidth(hardware)
+    accum = plan.gradient_accumulation_steps
+    if plan.zero_stage <= 1:
+        overlappable = 0.0
+        blocking = 2 * w * p * ring  # all-reduce / reduce-scatter + all-gather once per step
+    elif plan.zero_stage == 2:
+        overlappable = accum * w * p * ring  # reduce-scatter every micro-step
+        blocking = w * p * ring  # all-gather of updated parameters after the step
+    else:
+        overlappable = accum * 3 * w * p * ring  # gather forward, gather backward, reduce-scatter
+        blocking = 0.0
+    backward_compute = compute * 2 / 3
+    hidden = OVERLAP_SHARE * backward_compute if plan.knobs.overlap_comm else 0.0
+    exposed = max(0.0, overlappable / bandwidth - hidden) + blocking / bandwidth
+    if n > 1:
+        latency = COLLECTIVE_LATENCY_S["inter" if hardware.nodes > 1 else "intra"]
+        if plan.zero_stage == 3:
+            # one gather per layer forward and backward and one reduce per layer, every micro-step
+            collectives = accum * 3 * shape.num_layers
+        elif plan.zero_stage == 2:
+            collectives = accum * max(1, round(w * p / (w * plan.knobs.reduce_bucket_size))) + 1
+        else:
+            collectives = 2 * max(1, round(p / plan.knobs.reduce_bucket_size))
+        exposed += collectives * latency
+
+    offload = 0.0
+    partition = p / n
+    pcie = hardware.gpu.pcie_bandwidth_gbps * 1e9 * PCIE_EFFICIENCY
+    if plan.offload_optimizer != "none":
+        transfers = accum * w * partition + w * partition  # gradients down every micro-step, params up
+        cpu_update = partition * hardware.gpus_per_node / (hardware.cpu_optimizer_gparams_per_s * 1e9)
+        offload += transfers / pcie + cpu_update
+        if plan.offload_optimizer == "nvme" and hardware.nvme:
+            state = (FP32 + OPTIMIZER_STATE_BYTES[training.optimizer.type]) * partition
+            offload += 2 * state * hardware.gpus_per_node / (hardware.nvme.bandwidth_gbps * 1e9)
+    if plan.offload_param != "none":
+        fetch = accum * 2 * w * partition  # parameters brought up for forward and backward
+        offload += fetch / pcie
+        if plan.offload_param == "nvme" and hardware.nvme:
+            offload += accum * 2 * w * partition * hardware.gpus_per_node / (hardware.nvme.bandwidth_gbps * 1e9)
+    return StepTime(compute_s=compute, exposed_comm_s=exposed, offload_s=offload, model_flops=flops)

@@ -1,0 +1,57 @@
+"""A candidate plan: one point in the search space plus the ZeRO knobs it renders with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ZeroKnobs:
+    """DeepSpeed zero_optimization sizes that change memory and speed (all in elements)."""
+
+    reduce_bucket_size: int = 500_000_000
+    allgather_bucket_size: int = 500_000_000
+    overlap_comm: bool = False
+    contiguous_gradients: bool = True
+    prefetch_bucket_size: int = 50_000_000
+    param_persistence_threshold: int = 100_000
+    max_live_parameters: int = 1_000_000_000
+    max_reuse_distance: int = 1_000_000_000
+    sub_group_size: int = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class Plan:
+    precision: str  # bf16 | fp16 | fp32
+    zero_stage: int
+    offload_optimizer: str  # none | cpu | nvme
+    offload_param: str  # none | cpu | nvme
+    activation_checkpointing: bool
+    micro_batch_size: int
+    gradient_accumulation_steps: int
+    data_parallel_size: int
+    knobs: ZeroKnobs = ZeroKnobs()
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.micro_batch_size * self.gradient_accumulation_steps * self.data_parallel_size
+
+    @property
+    def mixed_precision(self) -> bool:
+        return self.precision in ("bf16", "fp16")
+
+    @property
+    def dtype_bytes(self) -> int:
+        return 2 if self.mixed_precision else 4
+
+    def describe(self) -> str:
+        """Short human label, e.g. 'ZeRO-2 + CPU optimizer offload, checkpointing, micro 4 x 8'."""
+        parts = [f"ZeRO-{self.zero_stage}"]
+        if self.offload_optimizer != "none":
+            parts.append(f"{self.offload_optimizer.upper()} optimizer offload")
+        if self.offload_param != "none":
+            parts.append(f"{self.offload_param.upper()} param offload")
+        label = " + ".join(parts)
+        if self.activation_checkpointing:
+            label += ", checkpointing"
+        return f"{label}, {self.precision}, micro {self.micro_batch_size} x accum {self.gradient_accumulation_steps}"

@@ -1,0 +1,138 @@
+"""Present a solve result: the JSON output contract and the human-readable summary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dsgen.plan import Plan
+from dsgen.solver import Evaluation, SolveResult, gib
+from dsgen.spec.types import Spec
+
+GPU_TERMS = ("parameters", "gradients", "optimizer_states", "activations", "buffers", "transient", "overhead")
+
+
+def plan_dict(plan: Plan) -> dict[str, Any]:
+    return {
+        "precision": plan.precision,
+        "zero_stage": plan.zero_stage,
+        "offload_optimizer": plan.offload_optimizer,
+        "offload_param": plan.offload_param,
+        "activation_checkpointing": plan.activation_checkpointing,
+        "micro_batch_size": plan.micro_batch_size,
+        "gradient_accumulation_steps": plan.gradient_accumulation_steps,
+        "data_parallel_size": plan.data_parallel_size,
+        "global_batch_size": plan.global_batch_size,
+    }
+
+
+def memory_dict(e: Evaluation) -> dict[str, Any]:
+    gpu = e.memory.gpu
+    gpu_terms: dict[str, int] = {term: int(getattr(gpu, term)) for term in GPU_TERMS}
+    return {
+        "gpu": {**gpu_terms, "total": gpu.total, "capacity": gpu.capacity, "usable": e.usable_gpu_bytes},
+        "cpu": {"total": e.memory.cpu.total, "capacity": e.memory.cpu.capacity, "usable": e.usable_cpu_bytes},
+        "nvme": {"total": e.memory.nvme.total, "capacity": e.memory.nvme.capacity},
+    }
+
+
+def _mfu(e: Evaluation, spec: Spec) -> float:
+    peak = spec.hardware.gpu.peak_tflops(e.plan.precision) * 1e12 * spec.hardware.world_size
+    return e.step.model_flops / (e.step.total_s * peak) if peak else 0.0
+
+
+def evaluation_dict(e: Evaluation, spec: Spec) -> dict[str, Any]:
+    return {
+        "feasible": e.feasible,
+        "plan": plan_dict(e.plan),
+        "memory": memory_dict(e),
+        "step_time_s": round(e.step.total_s, 6),
+        "step_time": {
+            "compute_s": round(e.step.compute_s, 6),
+            "exposed_comm_s": round(e.step.exposed_comm_s, 6),
+            "offload_s": round(e.step.offload_s, 6),
+        },
+        "tokens_per_s": round(e.tokens_per_s, 3),
+        "mfu": round(_mfu(e, spec), 4),
+        "reason": e.reason() or None,
+    }
+
+
+def result_dict(result: SolveResult) -> dict[str, Any]:
+    """The ``dsgen solve --json`` object (the stable output contract; see README)."""
+    spec = result.spec
+    shown = result.best if result.best is not None else result.closest
+    assert shown is not None
+    body = evaluation_dict(shown, spec)
+    body["feasible"] = result.feasible
+    body["alternatives"] = [
+        {
+            "zero_stage": alt.zero_stage,
+            "feasible": bool(alt.evaluation and alt.evaluation.feasible),
+            "plan": plan_dict(alt.evaluation.plan) if alt.evaluation else None,
+            "memory_gpu_total": alt.evaluation.memory.gpu.total if alt.evaluation else None,
+            "step_time_s": round(alt.evaluation.step.total_s, 6) if alt.evaluation else None,
+            "reason": alt.reason,
+        }
+        for alt in result.alternatives
+    ]
+    body["model"] = {"name": spec.model.name, "family": spec.model.family, "parameters": spec.model.parameter_count()}
+    body["hardware"] = {
+        "gpu": spec.hardware.gpu.name,
+        "gpus_per_node": spec.hardware.gpus_per_node,
+        "nodes": spec.hardware.nodes,
+        "world_size": spec.hardware.world_size,
+    }
+    body["candidates_evaluated"] = result.candidates_evaluated
+    return body
+
+
+def script_requirements(spec: Spec, plan: Plan) -> str:
+    """What the training script must do that a DeepSpeed JSON cannot express."""
+    needs = []
+    if plan.activation_checkpointing:
+        needs.append("enable gradient checkpointing in the model (model.gradient_checkpointing_enable(), or --gradient_checkpointing with the HF Trainer)")
+    if spec.training.attention == "flash":
+        needs.append("load the model with attn_implementation=\"flash_attention_2\" (memory was sized for FlashAttention)")
+    if plan.zero_stage == 3:
+        needs.append("build the model under deepspeed.zero.Init (the HF Trainer does this for ZeRO-3 configs) so no rank holds the full model")
+    if not needs:
+        return "Your training script needs nothing beyond passing this config to deepspeed.initialize."
+    return "Your training script must: " + "; ".join(needs) + "."
+
+
+def _bar(value: int, capacity: int, width: int = 24) -> str:
+    filled = round(width * min(value / capacity, 1.0)) if capacity else 0
+    return "#" * filled + "." * (width - filled)
+
+
+def human_summary(result: SolveResult) -> str:
+    """The plan, a per-term memory table against capacity, and the step-time split."""
+    spec = result.spec
+    e = result.best if result.best is not None else result.closest
+    assert e is not None
+    p = e.plan
+    lines = [
+        f"model     {spec.model.name} ({spec.model.parameter_count() / 1e9:.2f} B parameters)",
+        f"hardware  {spec.hardware.nodes} x {spec.hardware.gpus_per_node} x {spec.hardware.gpu.name}",
+        f"plan      {p.describe()}",
+        f"batch     {p.global_batch_size} = micro {p.micro_batch_size} x accumulation "
+        f"{p.gradient_accumulation_steps} x data-parallel {p.data_parallel_size}",
+        "",
+        f"GPU memory per rank (capacity {gib(e.memory.gpu.capacity)}, usable {gib(e.usable_gpu_bytes)}):",
+    ]
+    for term in GPU_TERMS:
+        value = getattr(e.memory.gpu, term)
+        lines.append(f"  {term:<17} {gib(value):>11}  {_bar(value, e.usable_gpu_bytes)}")
+    total = e.memory.gpu.total
+    lines.append(f"  {'total':<17} {gib(total):>11}  {_bar(total, e.usable_gpu_bytes)}  "
+                 f"{100 * total / e.usable_gpu_bytes:.0f}% of usable")
+    lines.append(f"host RAM per node  {gib(e.memory.cpu.total)} of {gib(e.usable_cpu_bytes)} usable")
+    if e.memory.nvme.total:
+        lines.append(f"NVMe per node      {gib(e.memory.nvme.total)} of {gib(e.memory.nvme.capacity)}")
+    lines.append(
+        f"step time {e.step.total_s:.3f} s (compute {e.step.compute_s:.3f}, exposed comm "
+        f"{e.step.exposed_comm_s:.3f}, offload {e.step.offload_s:.3f}); {e.tokens_per_s:,.0f} tokens/s"
+    )
+    if not e.feasible:
+        lines.append(f"DOES NOT FIT: {e.reason()}")
+    return "\n".join(lines)

@@ -1,0 +1,179 @@
+"""Turn JSON Schema violations into one human sentence that names the key and its line.
+
+jsonschema's own messages ("-3 is less than the minimum of 1") are accurate but do not say which
+key, where, or what to type instead. Here each failing keyword gets a phrasing of what the value
+must be, and unknown keys get a did-you-mean.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from dsgen.errors import DsgenError
+from dsgen.spec.yaml_source import KeyPath, SourceMap, format_path
+
+_TYPE_WORDS = {
+    "integer": "an integer",
+    "number": "a number",
+    "string": "a string",
+    "boolean": "true or false",
+    "object": "a mapping",
+    "array": "a list",
+    "null": "null",
+}
+
+
+@cache
+def load_validator(schema_file: Path) -> Any:
+    """Compile a schema once per process (imports jsonschema only when first needed)."""
+    import jsonschema
+
+    schema = json.loads(schema_file.read_text(encoding="utf-8"))
+    cls = jsonschema.validators.validator_for(schema)
+    return cls(schema)
+
+
+def show(value: Any) -> str:
+    """Render a user value the way they would write it in YAML/JSON."""
+    if isinstance(value, str):
+        return repr(value)
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def describe(schema: dict[str, Any], root: dict[str, Any]) -> str:
+    """A noun phrase for what ``schema`` accepts, e.g. 'a positive integer'."""
+    if "$ref" in schema:
+        return describe(_resolve(schema["$ref"], root), root)
+    if "const" in schema:
+        return show(schema["const"])
+    if "enum" in schema:
+        return "one of " + ", ".join(show(v) for v in schema["enum"])
+    for key in ("oneOf", "anyOf"):
+        if key in schema:
+            return " or ".join(describe(s, root) for s in schema[key])
+    kind = schema.get("type")
+    if kind in ("integer", "number"):
+        noun = "an integer" if kind == "integer" else "a number"
+        lo, lo_excl = schema.get("minimum"), schema.get("exclusiveMinimum")
+        hi, hi_excl = schema.get("maximum"), schema.get("exclusiveMaximum")
+        if kind == "integer" and lo == 1 and hi is None:
+            return "a positive integer"
+        if lo_excl == 0 and hi is None and hi_excl is None:
+            return f"{'a positive integer' if kind == 'integer' else 'a positive number'}"
+        bounds = []
+        if lo is not None:
+            bounds.append(f">= {lo}")
+        if lo_excl is not None:
+            bounds.append(f"> {lo_excl}")
+        if hi is not None:
+            bounds.append(f"<= {hi}")
+        if hi_excl is not None:
+            bounds.append(f"< {hi_excl}")
+        return noun + (" " + " and ".join(bounds) if bounds else "")
+    if isinstance(kind, str):
+        return _TYPE_WORDS.get(kind, kind)
+    if isinstance(kind, list):
+        return " or ".join(_TYPE_WORDS.get(k, k) for k in kind)
+    return "a valid value"
+
+
+def _resolve(ref: str, root: dict[str, Any]) -> dict[str, Any]:
+    node: Any = root
+    for part in ref.removeprefix("#/").split("/"):
+        node = node[part]
+    return node
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, list):
+        return "array"
+    return "null"
+
+
+def _accepts_type(schema: dict[str, Any], value: Any, root: dict[str, Any]) -> bool:
+    if "$ref" in schema:
+        schema = _resolve(schema["$ref"], root)
+    kind = schema.get("type")
+    actual = _json_type(value)
+    if kind is None:
+        return "const" in schema and type(schema["const"]) is type(value)
+    kinds = kind if isinstance(kind, list) else [kind]
+    return actual in kinds or (actual == "integer" and "number" in kinds)
+
+
+def _explain(error: Any, root: dict[str, Any]) -> tuple[KeyPath, str, str | None]:
+    """(key path, message, hint) for one jsonschema ValidationError."""
+    path: KeyPath = tuple(error.absolute_path)
+    keyword = error.validator
+    schema = error.schema
+    if keyword == "additionalProperties":
+        allowed = sorted(schema.get("properties", {}))
+        extras = [k for k in error.instance if k not in schema.get("properties", {})]
+        key = sorted(extras)[0]
+        close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+        message = f"unknown key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+        return (*path, key), message, "valid keys here: " + ", ".join(allowed)
+    if keyword == "required":
+        missing = [k for k in schema.get("required", []) if k not in error.instance]
+        return path, f"missing required key {missing[0]!r}", None
+    if keyword in ("oneOf", "anyOf"):
+        alternatives = schema[keyword]
+        matching = [i for i, alt in enumerate(alternatives) if _accepts_type(alt, error.instance, root)]
+        if len(matching) == 1:
+            sub = [e for e in error.context if e.relative_schema_path[0] == matching[0]]
+            if sub:
+                return _explain(_pick(sub, None), root)
+        return path, f"must be {describe(schema, root)}, got {show(error.instance)}", None
+    if keyword == "enum":
+        allowed = [str(v) for v in schema["enum"]]
+        close = difflib.get_close_matches(str(error.instance), allowed, n=1, cutoff=0.6)
+        message = f"must be {describe(schema, root)}, got {show(error.instance)}"
+        return path, message + (f" (did you mean {close[0]!r}?)" if close else ""), None
+    if keyword in ("minItems", "maxItems"):
+        return path, f"{error.message}", None
+    return path, f"must be {describe(schema, root)}, got {show(error.instance)}", None
+
+
+def _pick(errors: list[Any], source: SourceMap | None) -> Any:
+    """The error to report: the first in the file, deterministic across runs."""
+
+    def order(e: Any) -> tuple[int, str]:
+        line = 0
+        if source is not None:
+            line = source.location(tuple(e.absolute_path)).line or 0
+        return (line, format_path(tuple(e.absolute_path)))
+
+    return min(errors, key=order)
+
+
+def check_against_schema(data: Any, schema_file: Path, source: SourceMap, *, what: str = "spec") -> None:
+    """Raise :class:`DsgenError` for the first schema violation in ``data``."""
+    validator = load_validator(schema_file)
+    errors = list(validator.iter_errors(data))
+    if not errors:
+        return
+    error = _pick(errors, source)
+    path, message, hint = _explain(error, validator.schema)
+    raise DsgenError(
+        message if path else f"{what}: {message}",
+        path=format_path(path) or None,
+        location=source.location(path),
+        hint=hint,
+    )

@@ -1,0 +1,114 @@
+"""The typed, validated spec: what the user asked for, with presets resolved.
+
+These frozen dataclasses are the solver's whole input. Nothing downstream reads YAML or looks
+up presets again, which keeps the estimate and solver code pure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dsgen.catalog.gpu import GpuSpec
+from dsgen.catalog.model_shape import ModelShape
+from dsgen.errors import Location
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class NvmeSpec:
+    path: str
+    capacity_gib: float
+    bandwidth_gbps: float = 3.0
+
+    @property
+    def capacity_bytes(self) -> int:
+        return int(self.capacity_gib * GIB)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    gpu: GpuSpec
+    gpus_per_node: int = 8
+    nodes: int = 1
+    cpu_memory_gib: float = 512.0
+    inter_node_bandwidth_gbps: float = 25.0
+    cpu_optimizer_gparams_per_s: float = 2.0
+    nvme: NvmeSpec | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    @property
+    def cpu_memory_bytes(self) -> int:
+        return int(self.cpu_memory_gib * GIB)
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    type: str = "adamw"
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    momentum: float = 0.9
+
+
+@dataclass(frozen=True)
+class Scheduler:
+    type: str = "warmup_decay"
+    warmup_steps: int = 100
+    total_steps: int = 10000
+
+
+@dataclass(frozen=True)
+class Training:
+    sequence_length: int
+    global_batch_size: int | None = None
+    precision: str = "auto"
+    attention: str = "flash"
+    gradient_clipping: float = 1.0
+    mfu: float | None = None
+    optimizer: Optimizer = Optimizer()
+    scheduler: Scheduler = Scheduler()
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """Pins on search dimensions; ``None`` means the solver chooses."""
+
+    zero_stage: int | None = None
+    offload_optimizer: str | None = None
+    offload_param: str | None = None
+    activation_checkpointing: bool | None = None
+    micro_batch_size: int | None = None
+    gradient_accumulation_steps: int | None = None
+    memory_headroom: float = 0.10
+
+
+@dataclass(frozen=True)
+class Output:
+    target: str = "deepspeed"
+    path: str = "ds_config.json"
+
+
+@dataclass(frozen=True)
+class Spec:
+    model: ModelShape
+    hardware: Hardware
+    training: Training
+    constraints: Constraints = Constraints()
+    output: Output = Output()
+    source: str | None = None  # the spec file, for messages
+    key_lines: tuple[tuple[str, int], ...] = ()  # (dotted key path, line) for later error messages
+
+    def location(self, path: str) -> Location:
+        """Where ``path`` (or its nearest ancestor) was written in the spec file."""
+        lines = dict(self.key_lines)
+        parts = path.split(".")
+        for end in range(len(parts), 0, -1):
+            line = lines.get(".".join(parts[:end]))
+            if line is not None:
+                return Location(self.source, line)
+        return Location(self.source)

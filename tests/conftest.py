@@ -1,0 +1,54 @@
+"""Shared test plumbing.
+
+Optional oracles (torch, transformers, DeepSpeed, the config corpus) are requested through
+:func:`require_module` and the ``corpus_dir`` fixture. On a developer machine without them the
+test is skipped with a reason saying how to install them; under ``DSGEN_REQUIRE_ALL=1`` (set by
+``.ci/run``) a missing oracle is a failure instead, so CI can never go green by skipping.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES_DIR = REPO_ROOT / "examples"
+
+
+def _missing(reason: str) -> None:
+    if os.environ.get("DSGEN_REQUIRE_ALL") == "1":
+        pytest.fail(f"required oracle unavailable: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def require_module(name: str) -> ModuleType:
+    """Import an optional oracle dependency or skip (fail under DSGEN_REQUIRE_ALL=1)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        _missing(f"{name} is not importable ({exc}); install with: pip install -e '.[test,deepspeed]'")
+        raise
+
+
+@pytest.fixture(scope="session")
+def corpus_dir() -> Path:
+    """The real-world DeepSpeed config corpus, from $DSGEN_CORPUS."""
+    value = os.environ.get("DSGEN_CORPUS")
+    if not value or not Path(value).is_dir():
+        _missing("DSGEN_CORPUS is not set to the corpus directory (e.g. ../shared/corpus)")
+    return Path(value)  # type: ignore[arg-type]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Under DSGEN_REQUIRE_ALL=1 any skipped test fails the run: a skip can hide a regression."""
+    if os.environ.get("DSGEN_REQUIRE_ALL") != "1":
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter else []
+    if skipped:
+        reporter.write_line(f"DSGEN_REQUIRE_ALL=1: {len(skipped)} test(s) were skipped; failing the run", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

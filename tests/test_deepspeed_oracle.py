@@ -1,0 +1,110 @@
+"""Configs dsgen emits are accepted by real DeepSpeed 0.19.8: its own parser on hundreds of
+random specs at the plan's data-parallel size, and real training steps for representative plans."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+
+from dsgen.api import load_spec, render_plan, solve_spec
+from dsgen.spec.loader import spec_from_data
+from dsgen.spec.yaml_source import SourceMap
+from dsgen.validate import validate_config
+from tests.conftest import EXAMPLES_DIR, require_module
+from tests.spec_strategies import specs
+
+
+@pytest.fixture(scope="module")
+def oracle() -> Any:
+    require_module("deepspeed")
+    from tests import ds_oracle
+
+    return ds_oracle
+
+
+def _render(spec_data: dict[str, Any]) -> tuple[dict[str, Any], int] | None:
+    spec = spec_from_data(spec_data, SourceMap(None), base_dir=EXAMPLES_DIR)
+    result = solve_spec(spec)
+    if not result.feasible:
+        return None
+    assert result.best is not None
+    plan = result.best.plan
+    rendered = render_plan(spec, plan)
+    return rendered.config, plan.data_parallel_size
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLES_DIR.glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_example_is_accepted_by_deepspeed(example: Path, oracle: Any) -> None:
+    spec = load_spec(example)
+    result = solve_spec(spec)
+    assert result.feasible, f"{example.name}: {result.closest and result.closest.reason()}"
+    assert result.best is not None
+    plan = result.best.plan
+    config = render_plan(spec, plan).config
+    assert validate_config(config, world_size=plan.data_parallel_size).ok
+    assert config["train_batch_size"] == (
+        config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * plan.data_parallel_size
+    )
+    oracle.parse_with_deepspeed(config, plan.data_parallel_size)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+@given(spec_data=specs())
+def test_random_specs_render_configs_deepspeed_accepts(spec_data: dict[str, Any], oracle: Any) -> None:
+    outcome = _render(spec_data)
+    assume(outcome is not None)
+    assert outcome is not None
+    config, dp = outcome
+    report = validate_config(config, world_size=dp)  # (a) our schema and rules
+    assert report.ok, [f.message for f in report.errors]
+    mb, ga = config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]
+    assert config["train_batch_size"] == mb * ga * dp == spec_data["training"]["global_batch_size"]  # (b)
+    oracle.parse_with_deepspeed(config, dp)  # (c) DeepSpeed's own parser at the plan's DP size
+
+
+TINY_SPEC = """\
+model:
+  hf_config: {config}
+hardware:
+  gpu: a100-80gb
+  gpus_per_node: 2
+  nodes: 1
+  cpu_memory_gib: 64
+training:
+  sequence_length: 32
+  global_batch_size: 8
+  precision: bf16
+  attention: sdpa
+  optimizer: {{type: adamw, lr: 1.0e-3}}
+constraints:
+{constraints}
+"""
+
+TRAINING_PLANS = {
+    "zero1": "  zero_stage: 1\n  offload_optimizer: none\n  activation_checkpointing: false\n  micro_batch_size: 2",
+    "zero2": "  zero_stage: 2\n  offload_optimizer: none\n  activation_checkpointing: false\n  micro_batch_size: 4",
+    "zero3": "  zero_stage: 3\n  offload_optimizer: none\n  offload_param: none\n  activation_checkpointing: true\n  micro_batch_size: 2",
+    "zero2-cpu-offload": "  zero_stage: 2\n  offload_optimizer: cpu\n  activation_checkpointing: false\n  micro_batch_size: 1",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(TRAINING_PLANS))
+def test_rendered_plan_trains_two_steps_under_real_deepspeed(name: str, tmp_path: Path, oracle: Any) -> None:
+    require_module("transformers")
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(TINY_SPEC.format(config=EXAMPLES_DIR / "tiny-llama" / "config.json", constraints=TRAINING_PLANS[name]))
+    spec = load_spec(spec_file)
+    result = solve_spec(spec)
+    assert result.fully_pinned and result.best is not None
+    plan = result.best.plan
+    config = render_plan(spec, plan).config
+    assert plan.data_parallel_size == 2
+    outcome = oracle.train_steps(
+        config, tmp_path=tmp_path, ranks=2, steps=2, checkpointing=plan.activation_checkpointing
+    )
+    assert outcome.returncode == 0, outcome.log[-4000:]
+    assert len(outcome.losses) == 2, outcome.log[-4000:]

@@ -1,0 +1,169 @@
+"""Solver behaviour: exact batches, pins respected, plans fit by their own numbers, determinism,
+and the choices an expert would make on well-known setups."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from dsgen.api import load_spec, solve_spec
+from dsgen.errors import DsgenError, ExitCode, InfeasibleError
+from dsgen.report import result_dict
+from dsgen.solver import require_feasible
+from dsgen.spec.loader import load_spec_text, spec_from_data
+from dsgen.spec.yaml_source import SourceMap
+from tests.cli_helpers import run_cli
+from tests.conftest import EXAMPLES_DIR
+from tests.spec_strategies import specs
+
+SETTINGS = settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+
+
+def spec_from(text: str):
+    return load_spec_text(text, file="spec.yaml", base_dir=EXAMPLES_DIR)
+
+
+def base(model: str, gpu: str, gpus: int = 8, nodes: int = 1, seq: int = 4096, batch: int = 256,
+         cpu: int = 1024, extra: str = "") -> str:
+    return (
+        f"model: {{preset: {model}}}\n"
+        f"hardware: {{gpu: {gpu}, gpus_per_node: {gpus}, nodes: {nodes}, cpu_memory_gib: {cpu}}}\n"
+        f"training: {{sequence_length: {seq}, global_batch_size: {batch}}}\n" + extra
+    )
+
+
+def _build(data: dict[str, Any]):
+    return spec_from_data(data, SourceMap(None), base_dir=EXAMPLES_DIR)
+
+
+@SETTINGS
+@given(data=specs())
+def test_global_batch_is_met_exactly_and_plans_fit_by_their_own_numbers(data: dict[str, Any]) -> None:
+    spec = _build(data)
+    result = solve_spec(spec)
+    for e in result.ranked:
+        p = e.plan
+        assert p.micro_batch_size * p.gradient_accumulation_steps * p.data_parallel_size == data["training"]["global_batch_size"]
+        assert e.memory.gpu.total <= e.usable_gpu_bytes
+        assert e.memory.cpu.total <= e.usable_cpu_bytes
+        assert e.memory.nvme.total <= e.memory.nvme.capacity
+    times = [round(e.step.total_s, 9) for e in result.ranked]  # the ranking resolution
+    assert times == sorted(times)
+
+
+@SETTINGS
+@given(data=specs())
+def test_pinned_dimensions_are_respected(data: dict[str, Any]) -> None:
+    spec = _build(data)
+    result = solve_spec(spec)
+    pins = data.get("constraints", {})
+    for e in result.ranked:
+        if "zero_stage" in pins:
+            assert e.plan.zero_stage == pins["zero_stage"]
+        if "activation_checkpointing" in pins:
+            assert e.plan.activation_checkpointing == pins["activation_checkpointing"]
+
+
+@SETTINGS
+@given(data=specs())
+def test_more_gpu_memory_never_gives_a_slower_plan(data: dict[str, Any]) -> None:
+    spec = _build(data)
+    bigger = replace(spec, hardware=replace(spec.hardware, gpu=replace(spec.hardware.gpu, memory_gib=spec.hardware.gpu.memory_gib * 2)))
+    small, large = solve_spec(spec), solve_spec(bigger)
+    if small.feasible:
+        assert large.feasible
+        assert large.best is not None and small.best is not None
+        assert large.best.step.total_s <= small.best.step.total_s + 1e-12
+
+
+@SETTINGS
+@given(data=specs())
+def test_same_spec_gives_byte_identical_output(data: dict[str, Any]) -> None:
+    first = json.dumps(result_dict(solve_spec(_build(data))))
+    second = json.dumps(result_dict(solve_spec(_build(data))))
+    assert first == second
+
+
+def test_seven_b_on_eight_80gb_gpus_does_not_offload() -> None:
+    result = solve_spec(spec_from(base("llama-3.1-8b", "h100-80gb")))
+    assert result.feasible and result.best is not None
+    assert result.best.plan.offload_optimizer == "none" and result.best.plan.offload_param == "none"
+
+
+def test_seventy_b_on_one_node_must_offload_and_states_host_ram() -> None:
+    result = solve_spec(spec_from(base("llama-3.1-70b", "a100-80gb", batch=64, cpu=2048)))
+    assert result.feasible and result.best is not None
+    assert result.best.plan.offload_optimizer != "none"
+    assert result.best.memory.cpu.offloaded_states > 70e9 * 12  # fp32 master + Adam moments
+    small_host = solve_spec(spec_from(base("llama-3.1-70b", "a100-80gb", batch=64, cpu=512)))
+    with pytest.raises(InfeasibleError, match="host RAM per node"):
+        require_feasible(small_host)
+
+
+def test_model_that_fits_with_zero1_is_not_put_on_zero3() -> None:
+    result = solve_spec(spec_from(base("gpt2", "a100-80gb", seq=1024, batch=64)))
+    assert result.feasible and result.best is not None
+    assert result.best.plan.zero_stage < 3
+
+
+def test_v100_trains_in_fp16() -> None:
+    result = solve_spec(spec_from(base("mistral-7b", "v100-32gb", nodes=2, seq=2048, batch=128)))
+    assert result.best is not None and result.best.plan.precision == "fp16"
+
+
+def test_fully_pinned_plan_is_reported_even_when_it_does_not_fit(capsys, tmp_path: Path) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(base("llama-3.1-70b", "a100-80gb", batch=64, extra=(
+        "constraints: {zero_stage: 1, offload_optimizer: none, activation_checkpointing: false, micro_batch_size: 1}\n")))
+    result = run_cli(["solve", str(spec), "--json"], capsys)
+    assert result.exit_code == ExitCode.INFEASIBLE
+    body = json.loads(result.stdout)
+    assert body["feasible"] is False
+    assert body["plan"]["zero_stage"] == 1 and body["plan"]["micro_batch_size"] == 1
+    assert body["memory"]["gpu"]["total"] > body["memory"]["gpu"]["capacity"]
+
+
+def test_json_contract(capsys) -> None:
+    result = run_cli(["solve", str(EXAMPLES_DIR / "llama-3.1-8b-8xh100.yaml"), "--json"], capsys)
+    assert result.exit_code == 0, result.stderr
+    body = json.loads(result.stdout)
+    assert body["feasible"] is True
+    assert set(body["plan"]) >= {"precision", "zero_stage", "offload_optimizer", "offload_param", "activation_checkpointing",
+                                 "micro_batch_size", "gradient_accumulation_steps", "data_parallel_size", "global_batch_size"}
+    gpu = body["memory"]["gpu"]
+    for key in ("parameters", "gradients", "optimizer_states", "activations", "buffers", "overhead", "total", "capacity"):
+        assert isinstance(gpu[key], int) and gpu[key] >= 0
+    assert gpu["total"] == sum(gpu[k] for k in ("parameters", "gradients", "optimizer_states", "activations",
+                                                 "buffers", "transient", "overhead"))
+    for section in ("cpu", "nvme"):
+        assert isinstance(body["memory"][section]["total"], int)
+        assert isinstance(body["memory"][section]["capacity"], int)
+    assert body["step_time_s"] > 0 and body["tokens_per_s"] > 0
+    stages = sorted(alt["zero_stage"] for alt in body["alternatives"])
+    assert stages == sorted({0, 1, 2, 3} - {body["plan"]["zero_stage"]})
+    assert all({"feasible", "memory_gpu_total", "step_time_s", "reason"} <= set(alt) for alt in body["alternatives"])
+
+
+def test_indivisible_batch_suggests_nearest() -> None:
+    with pytest.raises(DsgenError) as info:
+        solve_spec(spec_from(base("gpt2", "a100-80gb", batch=250)))
+    assert "248 or 256" in str(info.value)
+
+
+def test_new_writes_a_config_that_matches_the_plan(capsys, tmp_path: Path) -> None:
+    out = tmp_path / "ds.json"
+    result = run_cli(["new", str(EXAMPLES_DIR / "llama-3.1-8b-8xh100.yaml"), "-o", str(out)], capsys)
+    assert result.exit_code == 0, result.stderr
+    config = json.loads(out.read_text())
+    solved = solve_spec(load_spec(EXAMPLES_DIR / "llama-3.1-8b-8xh100.yaml"))
+    assert solved.best is not None
+    plan = solved.best.plan
+    assert config["zero_optimization"]["stage"] == plan.zero_stage
+    assert config["train_micro_batch_size_per_gpu"] == plan.micro_batch_size
+    assert config["bf16"] == {"enabled": True}
+    assert "Your training script" in result.stdout and f"wrote {out}" in result.stdout
