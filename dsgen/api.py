@@ -1,9 +1,9 @@
 """The Python API behind the CLI: load a spec, solve it, render and validate the config.
 
-    from dsgen.api import load_spec, solve_spec, render_plan
-    spec = load_spec("examples/llama-3.1-8b-8xh100.yaml")
-    result = solve_spec(spec)
-    rendered = render_plan(spec, result.best.plan)
+from dsgen.api import load_spec, solve_spec, render_plan
+spec = load_spec("examples/llama-3.1-8b-8xh100.yaml")
+result = solve_spec(spec)
+rendered = render_plan(spec, result.best.plan)
 """
 
 from __future__ import annotations

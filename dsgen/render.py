@@ -50,16 +50,32 @@ def optimizer_block(spec: Spec) -> dict[str, Any]:
     o = spec.training.optimizer
     betas = list(o.betas)
     if o.type == "adamw":
-        return {"type": "AdamW", "params": {"lr": o.lr, "betas": betas, "eps": o.eps, "weight_decay": o.weight_decay}, "untested": False}
+        return {
+            "type": "AdamW",
+            "params": {"lr": o.lr, "betas": betas, "eps": o.eps, "weight_decay": o.weight_decay},
+            "untested": False,
+        }
     if o.type == "adam":
         params = {"lr": o.lr, "betas": betas, "eps": o.eps, "weight_decay": o.weight_decay, "adam_w_mode": False}
         return {"type": "Adam", "params": params, "untested": False}
     if o.type == "lion":
-        return {"type": "Lion", "params": {"lr": o.lr, "betas": betas, "weight_decay": o.weight_decay}, "untested": False}
+        return {
+            "type": "Lion",
+            "params": {"lr": o.lr, "betas": betas, "weight_decay": o.weight_decay},
+            "untested": False,
+        }
     if o.type == "adagrad":
-        return {"type": "Adagrad", "params": {"lr": o.lr, "eps": o.eps, "weight_decay": o.weight_decay}, "untested": False}
+        return {
+            "type": "Adagrad",
+            "params": {"lr": o.lr, "eps": o.eps, "weight_decay": o.weight_decay},
+            "untested": False,
+        }
     # torch.optim.SGD is outside DeepSpeed's list of ZeRO-tested optimizers
-    return {"type": "SGD", "params": {"lr": o.lr, "momentum": o.momentum, "weight_decay": o.weight_decay}, "untested": True}
+    return {
+        "type": "SGD",
+        "params": {"lr": o.lr, "momentum": o.momentum, "weight_decay": o.weight_decay},
+        "untested": True,
+    }
 
 
 def scheduler_block(spec: Spec) -> dict[str, Any] | None:
@@ -70,19 +86,38 @@ def scheduler_block(spec: Spec) -> dict[str, Any] | None:
     if sched.type == "none":
         return None
     if sched.type == "warmup":
-        return {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": lr, "warmup_num_steps": warmup, "warmup_type": "linear"}}
+        return {
+            "type": "WarmupLR",
+            "params": {"warmup_min_lr": 0.0, "warmup_max_lr": lr, "warmup_num_steps": warmup, "warmup_type": "linear"},
+        }
     if sched.type == "warmup_cosine":
-        return {"type": "WarmupCosineLR", "params": {"total_num_steps": total, "warmup_num_steps": warmup, "warmup_min_ratio": 0.0, "cos_min_ratio": 0.1}}
+        return {
+            "type": "WarmupCosineLR",
+            "params": {
+                "total_num_steps": total,
+                "warmup_num_steps": warmup,
+                "warmup_min_ratio": 0.0,
+                "cos_min_ratio": 0.1,
+            },
+        }
     return {
         "type": "WarmupDecayLR",
-        "params": {"warmup_min_lr": 0.0, "warmup_max_lr": lr, "warmup_num_steps": warmup, "total_num_steps": total, "warmup_type": "linear"},
+        "params": {
+            "warmup_min_lr": 0.0,
+            "warmup_max_lr": lr,
+            "warmup_num_steps": warmup,
+            "total_num_steps": total,
+            "warmup_type": "linear",
+        },
     }
 
 
 def render(spec: Spec, plan: Plan, target: str = "deepspeed") -> Rendered:
     """Render ``plan`` for ``target`` and validate it; raises :class:`DsgenError` if invalid."""
     if target not in TARGET_TEMPLATES:
-        raise DsgenError(f"unknown output target {target!r}; available: {', '.join(TARGET_TEMPLATES)}", path="output.target")
+        raise DsgenError(
+            f"unknown output target {target!r}; available: {', '.join(TARGET_TEMPLATES)}", path="output.target"
+        )
     template = _environment().get_template(TARGET_TEMPLATES[target])
     context = {
         "plan": plan,

@@ -90,11 +90,17 @@ def script_requirements(spec: Spec, plan: Plan) -> str:
     """What the training script must do that a DeepSpeed JSON cannot express."""
     needs = []
     if plan.activation_checkpointing:
-        needs.append("enable gradient checkpointing in the model (model.gradient_checkpointing_enable(), or --gradient_checkpointing with the HF Trainer)")
+        needs.append(
+            "enable gradient checkpointing in the model (model.gradient_checkpointing_enable(), or --gradient_checkpointing with the HF Trainer)"
+        )
     if spec.training.attention == "flash":
-        needs.append("load the model with attn_implementation=\"flash_attention_2\" (memory was sized for FlashAttention)")
+        needs.append(
+            'load the model with attn_implementation="flash_attention_2" (memory was sized for FlashAttention)'
+        )
     if plan.zero_stage == 3:
-        needs.append("build the model under deepspeed.zero.Init (the HF Trainer does this for ZeRO-3 configs) so no rank holds the full model")
+        needs.append(
+            "build the model under deepspeed.zero.Init (the HF Trainer does this for ZeRO-3 configs) so no rank holds the full model"
+        )
     if not needs:
         return "Your training script needs nothing beyond passing this config to deepspeed.initialize."
     return "Your training script must: " + "; ".join(needs) + "."
@@ -124,8 +130,10 @@ def human_summary(result: SolveResult) -> str:
         value = getattr(e.memory.gpu, term)
         lines.append(f"  {term:<17} {gib(value):>11}  {_bar(value, e.usable_gpu_bytes)}")
     total = e.memory.gpu.total
-    lines.append(f"  {'total':<17} {gib(total):>11}  {_bar(total, e.usable_gpu_bytes)}  "
-                 f"{100 * total / e.usable_gpu_bytes:.0f}% of usable")
+    lines.append(
+        f"  {'total':<17} {gib(total):>11}  {_bar(total, e.usable_gpu_bytes)}  "
+        f"{100 * total / e.usable_gpu_bytes:.0f}% of usable"
+    )
     lines.append(f"host RAM per node  {gib(e.memory.cpu.total)} of {gib(e.usable_cpu_bytes)} usable")
     if e.memory.nvme.total:
         lines.append(f"NVMe per node      {gib(e.memory.nvme.total)} of {gib(e.memory.nvme.capacity)}")

@@ -63,9 +63,7 @@ class Evaluation:
         """Why this plan does not fit, with numbers (empty when it fits)."""
         problems = []
         if not self.fits_gpu:
-            problems.append(
-                f"needs {gib(self.memory.gpu.total)} per GPU, {gib(self.usable_gpu_bytes)} usable"
-            )
+            problems.append(f"needs {gib(self.memory.gpu.total)} per GPU, {gib(self.usable_gpu_bytes)} usable")
         if not self.fits_cpu:
             problems.append(
                 f"needs {gib(self.memory.cpu.total)} host RAM per node, {gib(self.usable_cpu_bytes)} usable"
@@ -254,8 +252,11 @@ def _is_fully_pinned(spec: Spec) -> bool:
     optimizer_pinned = c.offload_optimizer is not None or c.zero_stage == 0
     param_pinned = c.offload_param is not None or (c.zero_stage is not None and c.zero_stage < 3)
     return (
-        stage_pins and optimizer_pinned and param_pinned
-        and c.activation_checkpointing is not None and c.micro_batch_size is not None
+        stage_pins
+        and optimizer_pinned
+        and param_pinned
+        and c.activation_checkpointing is not None
+        and c.micro_batch_size is not None
     )
 
 
@@ -265,10 +266,8 @@ def solve(spec: Spec) -> SolveResult:
     feasible = sorted((e for e in evaluations if e.feasible), key=_rank_key)
     closest = None if feasible else min(evaluations, key=lambda e: (e.shortfall(), _rank_key(e)))
     pinned = _is_fully_pinned(spec)
-    if pinned:
-        best = evaluations[0]
-    else:
-        best = feasible[0] if feasible else None
+    # A fully pinned spec reports that exact plan, feasible or not.
+    best = evaluations[0] if pinned else (feasible[0] if feasible else None)
     chosen_stage = (best or closest).plan.zero_stage if (best or closest) else None
     alternatives = []
     for stage in range(4):

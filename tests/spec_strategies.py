@@ -6,8 +6,20 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-MODEL_PRESETS = ["gpt2", "gpt2-xl", "bert-base", "llama-3.2-1b", "llama-3.1-8b", "mistral-7b", "qwen2.5-7b",
-                 "gemma-2-2b", "phi-3-mini", "llama-2-13b", "qwen2.5-0.5b", "mixtral-8x7b"]
+MODEL_PRESETS = [
+    "gpt2",
+    "gpt2-xl",
+    "bert-base",
+    "llama-3.2-1b",
+    "llama-3.1-8b",
+    "mistral-7b",
+    "qwen2.5-7b",
+    "gemma-2-2b",
+    "phi-3-mini",
+    "llama-2-13b",
+    "qwen2.5-0.5b",
+    "mixtral-8x7b",
+]
 GPU_PRESETS = ["a100-80gb", "a100-40gb", "h100-80gb", "h200", "v100-32gb", "l4", "rtx-4090", "mi300x", "a10g"]
 
 
@@ -53,8 +65,10 @@ def specs(draw: st.DrawFn) -> dict[str, Any]:
             "sequence_length": draw(st.sampled_from([128, 512, 1024, 2048, 4096])),
             "global_batch_size": dp * draw(st.sampled_from([1, 2, 3, 4, 8, 16])),
             "attention": draw(st.sampled_from(["flash", "sdpa", "eager"])),
-            "optimizer": {"type": draw(st.sampled_from(["adamw", "adam", "lion", "sgd", "adagrad"])),
-                          "lr": draw(st.sampled_from([1e-5, 3e-4]))},
+            "optimizer": {
+                "type": draw(st.sampled_from(["adamw", "adam", "lion", "sgd", "adagrad"])),
+                "lr": draw(st.sampled_from([1e-5, 3e-4])),
+            },
             "scheduler": {"type": draw(st.sampled_from(["none", "warmup", "warmup_decay", "warmup_cosine"]))},
         },
     }

@@ -51,7 +51,12 @@ def test_every_example_is_accepted_by_deepspeed(example: Path, oracle: Any) -> N
     oracle.parse_with_deepspeed(config, plan.data_parallel_size)
 
 
-@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+@settings(
+    max_examples=200,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow],
+)
 @given(spec_data=specs())
 def test_random_specs_render_configs_deepspeed_accepts(spec_data: dict[str, Any], oracle: Any) -> None:
     outcome = _render(spec_data)
@@ -96,7 +101,9 @@ TRAINING_PLANS = {
 def test_rendered_plan_trains_two_steps_under_real_deepspeed(name: str, tmp_path: Path, oracle: Any) -> None:
     require_module("transformers")
     spec_file = tmp_path / "spec.yaml"
-    spec_file.write_text(TINY_SPEC.format(config=EXAMPLES_DIR / "tiny-llama" / "config.json", constraints=TRAINING_PLANS[name]))
+    spec_file.write_text(
+        TINY_SPEC.format(config=EXAMPLES_DIR / "tiny-llama" / "config.json", constraints=TRAINING_PLANS[name])
+    )
     spec = load_spec(spec_file)
     result = solve_spec(spec)
     assert result.fully_pinned and result.best is not None

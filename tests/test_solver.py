@@ -28,8 +28,16 @@ def spec_from(text: str):
     return load_spec_text(text, file="spec.yaml", base_dir=EXAMPLES_DIR)
 
 
-def base(model: str, gpu: str, gpus: int = 8, nodes: int = 1, seq: int = 4096, batch: int = 256,
-         cpu: int = 1024, extra: str = "") -> str:
+def base(
+    model: str,
+    gpu: str,
+    gpus: int = 8,
+    nodes: int = 1,
+    seq: int = 4096,
+    batch: int = 256,
+    cpu: int = 1024,
+    extra: str = "",
+) -> str:
     return (
         f"model: {{preset: {model}}}\n"
         f"hardware: {{gpu: {gpu}, gpus_per_node: {gpus}, nodes: {nodes}, cpu_memory_gib: {cpu}}}\n"
@@ -48,7 +56,10 @@ def test_global_batch_is_met_exactly_and_plans_fit_by_their_own_numbers(data: di
     result = solve_spec(spec)
     for e in result.ranked:
         p = e.plan
-        assert p.micro_batch_size * p.gradient_accumulation_steps * p.data_parallel_size == data["training"]["global_batch_size"]
+        assert (
+            p.micro_batch_size * p.gradient_accumulation_steps * p.data_parallel_size
+            == data["training"]["global_batch_size"]
+        )
         assert e.memory.gpu.total <= e.usable_gpu_bytes
         assert e.memory.cpu.total <= e.usable_cpu_bytes
         assert e.memory.nvme.total <= e.memory.nvme.capacity
@@ -73,7 +84,10 @@ def test_pinned_dimensions_are_respected(data: dict[str, Any]) -> None:
 @given(data=specs())
 def test_more_gpu_memory_never_gives_a_slower_plan(data: dict[str, Any]) -> None:
     spec = _build(data)
-    bigger = replace(spec, hardware=replace(spec.hardware, gpu=replace(spec.hardware.gpu, memory_gib=spec.hardware.gpu.memory_gib * 2)))
+    bigger = replace(
+        spec,
+        hardware=replace(spec.hardware, gpu=replace(spec.hardware.gpu, memory_gib=spec.hardware.gpu.memory_gib * 2)),
+    )
     small, large = solve_spec(spec), solve_spec(bigger)
     if small.feasible:
         assert large.feasible
@@ -118,8 +132,16 @@ def test_v100_trains_in_fp16() -> None:
 
 def test_fully_pinned_plan_is_reported_even_when_it_does_not_fit(capsys, tmp_path: Path) -> None:
     spec = tmp_path / "spec.yaml"
-    spec.write_text(base("llama-3.1-70b", "a100-80gb", batch=64, extra=(
-        "constraints: {zero_stage: 1, offload_optimizer: none, activation_checkpointing: false, micro_batch_size: 1}\n")))
+    spec.write_text(
+        base(
+            "llama-3.1-70b",
+            "a100-80gb",
+            batch=64,
+            extra=(
+                "constraints: {zero_stage: 1, offload_optimizer: none, activation_checkpointing: false, micro_batch_size: 1}\n"
+            ),
+        )
+    )
     result = run_cli(["solve", str(spec), "--json"], capsys)
     assert result.exit_code == ExitCode.INFEASIBLE
     body = json.loads(result.stdout)
@@ -133,13 +155,33 @@ def test_json_contract(capsys) -> None:
     assert result.exit_code == 0, result.stderr
     body = json.loads(result.stdout)
     assert body["feasible"] is True
-    assert set(body["plan"]) >= {"precision", "zero_stage", "offload_optimizer", "offload_param", "activation_checkpointing",
-                                 "micro_batch_size", "gradient_accumulation_steps", "data_parallel_size", "global_batch_size"}
+    assert set(body["plan"]) >= {
+        "precision",
+        "zero_stage",
+        "offload_optimizer",
+        "offload_param",
+        "activation_checkpointing",
+        "micro_batch_size",
+        "gradient_accumulation_steps",
+        "data_parallel_size",
+        "global_batch_size",
+    }
     gpu = body["memory"]["gpu"]
-    for key in ("parameters", "gradients", "optimizer_states", "activations", "buffers", "overhead", "total", "capacity"):
+    for key in (
+        "parameters",
+        "gradients",
+        "optimizer_states",
+        "activations",
+        "buffers",
+        "overhead",
+        "total",
+        "capacity",
+    ):
         assert isinstance(gpu[key], int) and gpu[key] >= 0
-    assert gpu["total"] == sum(gpu[k] for k in ("parameters", "gradients", "optimizer_states", "activations",
-                                                 "buffers", "transient", "overhead"))
+    assert gpu["total"] == sum(
+        gpu[k]
+        for k in ("parameters", "gradients", "optimizer_states", "activations", "buffers", "transient", "overhead")
+    )
     for section in ("cpu", "nvme"):
         assert isinstance(body["memory"][section]["total"], int)
         assert isinstance(body["memory"][section]["capacity"], int)

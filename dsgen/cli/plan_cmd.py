@@ -26,7 +26,10 @@ def register(app: typer.Typer) -> None:
 def new(
     spec_file: SpecArg,
     overrides: SetOpt = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write the config (default: output.path in the spec).")] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="Where to write the config (default: output.path in the spec)."),
+    ] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")] = False,
     as_json: JsonOpt = False,
 ) -> None:

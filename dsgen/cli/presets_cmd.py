@@ -33,13 +33,19 @@ def presets(
             return
         typer.echo(f"{'name':<16} {'memory':>9} {'bf16':>5} {'bf16 TFLOPS':>12}  description")
         for name, g in gpus.items():
-            typer.echo(f"{name:<16} {g.memory_gib:>6.1f} GiB {'yes' if g.bf16 else 'no':>5} {g.peak_tflops_bf16 or g.peak_tflops_fp16:>12.0f}  {g.description}")
+            typer.echo(
+                f"{name:<16} {g.memory_gib:>6.1f} GiB {'yes' if g.bf16 else 'no':>5} {g.peak_tflops_bf16 or g.peak_tflops_fp16:>12.0f}  {g.description}"
+            )
         return
     models = model_presets()
     if as_json:
-        typer.echo(json.dumps({name: {**asdict(m), "parameters": m.parameter_count()} for name, m in models.items()}, indent=2))
+        typer.echo(
+            json.dumps({name: {**asdict(m), "parameters": m.parameter_count()} for name, m in models.items()}, indent=2)
+        )
         return
-    typer.echo(f"{'name':<16} {'family':<9} {'params':>9} {'layers':>6} {'hidden':>6} {'heads':>5} {'kv':>3} {'vocab':>7}")
+    typer.echo(
+        f"{'name':<16} {'family':<9} {'params':>9} {'layers':>6} {'hidden':>6} {'heads':>5} {'kv':>3} {'vocab':>7}"
+    )
     for name, m in models.items():
         typer.echo(
             f"{name:<16} {m.family:<9} {m.parameter_count() / 1e9:>8.2f}B {m.num_layers:>6} {m.hidden_size:>6} "

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.estimate.activations import estimate_activations
+from dsgen.estimate.model_states import FP32, OPTIMIZER_STATE_BYTES, model_state_bytes
 from dsgen.plan import Plan
 from dsgen.spec.types import Hardware, Training
 
 GIB = 1 << 30
-FP32 = 4
 
 # Fixed allowances (see docs/memory-model.md, "Overheads").
 CUDA_CONTEXT_BYTES = int(0.75 * GIB)  # CUDA context, kernels and cuBLAS workspace (torch 2.x)
@@ -25,9 +25,6 @@ COMM_LIBRARY_BYTES = int(0.5 * GIB)  # NCCL communicators and their buffers
 ALLOCATOR_SLACK = 0.05  # caching-allocator fragmentation, as a share of dynamic allocations
 HOST_BYTES_PER_RANK = 3 * GIB  # python, torch, DeepSpeed and CUDA host state per training process
 HOST_RESERVE = 0.10  # share of host RAM left for the OS, page cache and data loaders
-
-# Optimizer state bytes per parameter, not counting the fp32 master copy.
-OPTIMIZER_STATE_BYTES = {"adamw": 8, "adam": 8, "lion": 4, "sgd": 4, "adagrad": 4}
 
 
 @dataclass(frozen=True)
@@ -44,8 +41,13 @@ class GpuMemory:
     @property
     def total(self) -> int:
         return (
-            self.parameters + self.gradients + self.optimizer_states + self.activations
-            + self.buffers + self.transient + self.overhead
+            self.parameters
+            + self.gradients
+            + self.optimizer_states
+            + self.activations
+            + self.buffers
+            + self.transient
+            + self.overhead
         )
 
 
@@ -68,51 +70,6 @@ class MemoryEstimate:
     gpu: GpuMemory
     cpu: HostMemory
     nvme: NvmeMemory
-
-
-def persistent_parameters(shape: ModelShape, threshold: int) -> int:
-    """Parameters ZeRO-3 keeps whole on every rank: tensors with at most ``threshold`` elements
-    (norm weights and biases in practice; DeepSpeed's ``param_persistence_threshold``)."""
-    h = shape.hidden_size
-    norm_tensors = [h] * (2 if shape.norm == "layernorm" else 1)
-    per_layer: list[int] = norm_tensors * shape.norms_per_layer
-    if shape.attention_bias:
-        per_layer += [shape.q_size, shape.kv_size, shape.kv_size]
-    if shape.attention_out_bias:
-        per_layer.append(h)
-    if shape.mlp_bias:
-        per_layer += [shape.intermediate_size] * (2 if shape.gated_mlp else 1) + [h]
-    small = sum(n for n in per_layer if n <= threshold) * shape.num_layers
-    tail = norm_tensors * (int(shape.final_norm) + int(shape.embedding_norm))
-    return small + sum(n for n in tail if n <= threshold)
-
-
-def model_state_bytes(shape: ModelShape, plan: Plan, optimizer: str) -> tuple[int, int, int]:
-    """(parameters, gradients, optimizer states) on one GPU, in bytes."""
-    p = shape.parameter_count()
-    n = plan.data_parallel_size
-    w = plan.dtype_bytes
-    stage = plan.zero_stage
-    master = FP32 if plan.mixed_precision else 0
-    state = OPTIMIZER_STATE_BYTES[optimizer]
-    offloaded = plan.offload_optimizer != "none"
-
-    if stage < 3:
-        params = w * p
-    else:
-        kept = persistent_parameters(shape, plan.knobs.param_persistence_threshold)
-        params = w * kept + (0 if plan.offload_param != "none" else w * -(-(p - kept) // n))
-
-    # 16-bit gradients: whole for stage 0/1 (accumulated in param.grad), partitioned from stage 2.
-    # CPU offload in ZeRO-1/2 streams gradient partitions to the host, so only the partition stays.
-    grad_partitioned = stage >= 2 or (stage == 1 and offloaded)
-    grads = w * (-(-p // n) if grad_partitioned else p)
-    # Mixed precision adds the fp32 gradient of the rank's optimizer partition (on GPU unless offloaded).
-    if plan.mixed_precision and not offloaded:
-        grads += FP32 * (p if stage == 0 else -(-p // n))
-
-    optimizer_bytes = 0 if offloaded else (master + state) * (p if stage == 0 else -(-p // n))
-    return params, grads, optimizer_bytes
 
 
 def buffer_bytes(shape: ModelShape, plan: Plan) -> int:

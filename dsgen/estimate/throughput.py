@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dsgen.catalog.model_shape import ModelShape
-from dsgen.estimate.memory import FP32, OPTIMIZER_STATE_BYTES
+from dsgen.estimate.model_states import FP32, OPTIMIZER_STATE_BYTES
 from dsgen.plan import Plan
 from dsgen.spec.types import Hardware, Training
 

@@ -37,17 +37,35 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "mixtral": {},
     "gemma2": {"mlp": "geglu", "norms_per_layer": 4, "tie_word_embeddings": True},
     "gpt2": {
-        "mlp": "gelu", "norm": "layernorm", "tie_word_embeddings": True, "attention_bias": True,
-        "attention_out_bias": True, "mlp_bias": True, "dropout": 0.1, "learned_positions": True,
+        "mlp": "gelu",
+        "norm": "layernorm",
+        "tie_word_embeddings": True,
+        "attention_bias": True,
+        "attention_out_bias": True,
+        "mlp_bias": True,
+        "dropout": 0.1,
+        "learned_positions": True,
     },
     "gpt_neox": {
-        "mlp": "gelu", "norm": "layernorm", "attention_bias": True, "attention_out_bias": True,
+        "mlp": "gelu",
+        "norm": "layernorm",
+        "attention_bias": True,
+        "attention_out_bias": True,
         "mlp_bias": True,
     },
     "bert": {
-        "mlp": "gelu", "norm": "layernorm", "attention_bias": True, "attention_out_bias": True,
-        "mlp_bias": True, "dropout": 0.1, "learned_positions": True, "token_type_embeddings": 2,
-        "embedding_norm": True, "final_norm": False, "pooler": True, "encoder_only": True,
+        "mlp": "gelu",
+        "norm": "layernorm",
+        "attention_bias": True,
+        "attention_out_bias": True,
+        "mlp_bias": True,
+        "dropout": 0.1,
+        "learned_positions": True,
+        "token_type_embeddings": 2,
+        "embedding_norm": True,
+        "final_norm": False,
+        "pooler": True,
+        "encoder_only": True,
     },
 }
 
@@ -87,7 +105,9 @@ def spec_from_data(
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise DsgenError("the spec must be a YAML mapping with model, hardware and training", location=source.location(()))
+        raise DsgenError(
+            "the spec must be a YAML mapping with model, hardware and training", location=source.location(())
+        )
     apply_overrides(data, overrides, source)
     check_against_schema(data, schema_path("spec"), source)
     return _SpecBuilder(source, base_dir).build(data)
@@ -152,11 +172,16 @@ class _SpecBuilder:
         kv_heads = arch.get("num_key_value_heads", heads)
         base = ("model", "architecture")
         if heads % kv_heads:
-            raise self.fail((*base, "num_key_value_heads"), f"must divide num_attention_heads ({heads}), got {kv_heads}")
+            raise self.fail(
+                (*base, "num_key_value_heads"), f"must divide num_attention_heads ({heads}), got {kv_heads}"
+            )
         head_dim = arch.get("head_dim")
         if head_dim is None:
             if hidden % heads:
-                raise self.fail((*base, "num_attention_heads"), f"must divide hidden_size ({hidden}) unless head_dim is given, got {heads}")
+                raise self.fail(
+                    (*base, "num_attention_heads"),
+                    f"must divide hidden_size ({hidden}) unless head_dim is given, got {heads}",
+                )
             head_dim = hidden // heads
         mlp = arch.get("mlp", defaults.pop("mlp", "swiglu"))
         intermediate = arch.get("intermediate_size")
@@ -165,7 +190,9 @@ class _SpecBuilder:
         experts = arch.get("num_experts", 0)
         per_token = arch.get("experts_per_token", 2 if experts else 0)
         if experts and not 1 <= per_token <= experts:
-            raise self.fail((*base, "experts_per_token"), f"must be between 1 and num_experts ({experts}), got {per_token}")
+            raise self.fail(
+                (*base, "experts_per_token"), f"must be between 1 and num_experts ({experts}), got {per_token}"
+            )
         max_positions = arch.get("max_position_embeddings", 4096)
         learned = defaults.pop("learned_positions", False)
         return ModelShape(
@@ -282,7 +309,10 @@ class _SpecBuilder:
                 hint="set zero_stage: 3 or offload_param: none",
             )
         if offload_optimizer not in (None, "none") and stage == 0:
-            raise self.fail(("constraints", "offload_optimizer"), "optimizer offload needs ZeRO stage 1, 2 or 3, but zero_stage is pinned to 0")
+            raise self.fail(
+                ("constraints", "offload_optimizer"),
+                "optimizer offload needs ZeRO stage 1, 2 or 3, but zero_stage is pinned to 0",
+            )
         return Constraints(
             zero_stage=stage,
             offload_optimizer=offload_optimizer,
