@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ZeroKnobs:
-    """DeepSpeed zero_optimization sizes that change memory and speed (all in elements)."""
+    """DeepSpeed zero_optimization settings that trade memory for speed (sizes in elements)."""
 
     reduce_bucket_size: int = 500_000_000
     allgather_bucket_size: int = 500_000_000
@@ -18,6 +18,23 @@ class ZeroKnobs:
     max_live_parameters: int = 1_000_000_000
     max_reuse_distance: int = 1_000_000_000
     sub_group_size: int = 1_000_000_000
+    hpz_partition_size: int = 1  # ZeRO++ hpZ: secondary parameter partition within a node
+    quantized_weights: bool = False  # ZeRO++ qwZ: int8 parameter all-gather
+    quantized_gradients: bool = False  # ZeRO++ qgZ: int4 gradient reduce-scatter
+
+    @property
+    def zeropp(self) -> str:
+        """Short label of the ZeRO++ features in use ('none', 'hpz', 'hpz+qwz+qgz', ...)."""
+        parts = [
+            name
+            for name, on in (
+                ("hpz", self.hpz_partition_size > 1),
+                ("qwz", self.quantized_weights),
+                ("qgz", self.quantized_gradients),
+            )
+            if on
+        ]
+        return "+".join(parts) or "none"
 
 
 @dataclass(frozen=True)
@@ -31,6 +48,7 @@ class Plan:
     gradient_accumulation_steps: int
     data_parallel_size: int
     knobs: ZeroKnobs = ZeroKnobs()
+    offload_ratio: float = 1.0  # share of optimizer work done on the CPU (ZeRO-3 partial offload)
 
     @property
     def global_batch_size(self) -> int:
@@ -44,13 +62,25 @@ class Plan:
     def dtype_bytes(self) -> int:
         return 2 if self.mixed_precision else 4
 
+    def offload_label(self) -> str:
+        parts = []
+        if self.offload_optimizer != "none":
+            share = f" {self.offload_ratio:.0%}" if self.offload_ratio < 1 else ""
+            parts.append(f"{self.offload_optimizer}{share} optimizer")
+        if self.offload_param != "none":
+            parts.append(f"{self.offload_param} params")
+        return ", ".join(parts) or "none"
+
     def describe(self) -> str:
-        """Short human label, e.g. 'ZeRO-2 + CPU optimizer offload, checkpointing, micro 4 x 8'."""
+        """Short human label, e.g. 'ZeRO-2 + CPU optimizer offload, checkpointing, bf16, micro 4 x accum 8'."""
         parts = [f"ZeRO-{self.zero_stage}"]
         if self.offload_optimizer != "none":
-            parts.append(f"{self.offload_optimizer.upper()} optimizer offload")
+            share = f" ({self.offload_ratio:.0%})" if self.offload_ratio < 1 else ""
+            parts.append(f"{self.offload_optimizer.upper()} optimizer offload{share}")
         if self.offload_param != "none":
             parts.append(f"{self.offload_param.upper()} param offload")
+        if self.knobs.zeropp != "none":
+            parts.append(f"ZeRO++ {self.knobs.zeropp}")
         label = " + ".join(parts)
         if self.activation_checkpointing:
             label += ", checkpointing"

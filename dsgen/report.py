@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dsgen.plan import Plan
-from dsgen.solver import Evaluation, SolveResult, gib
+from dsgen.solver import GIB, Evaluation, SolveResult, gib
 from dsgen.spec.types import Spec
 
 GPU_TERMS = ("parameters", "gradients", "optimizer_states", "activations", "buffers", "transient", "overhead")
@@ -83,7 +83,54 @@ def result_dict(result: SolveResult) -> dict[str, Any]:
         "world_size": spec.hardware.world_size,
     }
     body["candidates_evaluated"] = result.candidates_evaluated
+    body["notes"] = [result.batch_note] if result.batch_note else []
     return body
+
+
+def ranked_table(result: SolveResult, top: int) -> str:
+    """The ``--top N`` table: the N fastest feasible plans with memory, speed and MFU."""
+    spec = result.spec
+    header = (
+        f"{'#':>3} {'stage':>5} {'offload':<22} {'zero++':<12} {'ckpt':<4} {'micro':>5} {'accum':>5} "
+        f"{'GPU GiB':>8} {'host GiB':>8} {'step s':>9} {'tokens/s':>11} {'MFU':>5}"
+    )
+    lines = [header]
+    for index, e in enumerate(result.ranked[:top], start=1):
+        p = e.plan
+        lines.append(
+            f"{index:>3} {p.zero_stage:>5} {p.offload_label():<22} {p.knobs.zeropp:<12} "
+            f"{'yes' if p.activation_checkpointing else 'no':<4} {p.micro_batch_size:>5} "
+            f"{p.gradient_accumulation_steps:>5} {e.memory.gpu.total / GIB:>8.1f} {e.memory.cpu.total / GIB:>8.1f} "
+            f"{e.step.total_s:>9.3f} {e.tokens_per_s:>11,.0f} {_mfu(e, spec):>5.1%}"
+        )
+    if not result.ranked:
+        lines.append("    (no feasible plan)")
+    return "\n".join(lines)
+
+
+def explanation(result: SolveResult) -> str:
+    """``dsgen explain``: the chosen plan's memory and time, and why each road not taken was not."""
+    e = result.best if result.best is not None else result.closest
+    assert e is not None
+    lines = [human_summary(result), ""]
+    total = e.step.total_s
+    lines.append("step time split:")
+    for name, value in (
+        ("compute", e.step.compute_s),
+        ("exposed communication", e.step.exposed_comm_s),
+        ("offload (PCIe, CPU optimizer, NVMe)", e.step.offload_s),
+    ):
+        share = value / total if total else 0.0
+        lines.append(f"  {name:<36} {value:>9.3f} s  {_bar(round(share * 1000), 1000)} {share:>4.0%}")
+    lines.append("")
+    lines.append("ZeRO stages not chosen:")
+    for alt in result.alternatives:
+        lines.append(f"  ZeRO-{alt.zero_stage}: {alt.reason}")
+    lines.append("offload choices not chosen:")
+    for label, _evaluation, reason in result.offload_alternatives:
+        lines.append(f"  {label}: {reason}")
+    lines.append(f"({result.candidates_evaluated} candidate plans evaluated)")
+    return "\n".join(lines)
 
 
 def script_requirements(spec: Spec, plan: Plan) -> str:
@@ -106,6 +153,14 @@ def script_requirements(spec: Spec, plan: Plan) -> str:
     return "Your training script must: " + "; ".join(needs) + "."
 
 
+def format_count(n: int) -> str:
+    """1234567 -> '1.23 M', 8030261248 -> '8.03 B'."""
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.2f} {suffix}"
+    return str(n)
+
+
 def _bar(value: int, capacity: int, width: int = 24) -> str:
     filled = round(width * min(value / capacity, 1.0)) if capacity else 0
     return "#" * filled + "." * (width - filled)
@@ -117,8 +172,11 @@ def human_summary(result: SolveResult) -> str:
     e = result.best if result.best is not None else result.closest
     assert e is not None
     p = e.plan
-    lines = [
-        f"model     {spec.model.name} ({spec.model.parameter_count() / 1e9:.2f} B parameters)",
+    lines = []
+    if result.batch_note:
+        lines.append(f"note      {result.batch_note}")
+    lines += [
+        f"model     {spec.model.name} ({format_count(spec.model.parameter_count())} parameters)",
         f"hardware  {spec.hardware.nodes} x {spec.hardware.gpus_per_node} x {spec.hardware.gpu.name}",
         f"plan      {p.describe()}",
         f"batch     {p.global_batch_size} = micro {p.micro_batch_size} x accumulation "

@@ -8,7 +8,7 @@ fixed order and ties break toward the simpler plan.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.errors import DsgenError, InfeasibleError
@@ -96,6 +96,8 @@ class SolveResult:
     closest: Evaluation | None  # the candidate that misses by least, when nothing fits
     candidates_evaluated: int
     fully_pinned: bool
+    offload_alternatives: tuple[tuple[str, Evaluation, str], ...] = ()  # (offload choice, its best plan, reason)
+    batch_note: str | None = None  # set when the global batch was rounded
 
     @property
     def feasible(self) -> bool:
@@ -119,43 +121,131 @@ def resolve_precision(spec: Spec) -> str:
     return "fp16" if gpu.fp16 else "fp32"
 
 
-def default_knobs(shape: ModelShape, stage: int) -> ZeroKnobs:
-    """ZeRO sizes scaled to the model as the HF integration does (h^2, 0.9 h^2, 10 h), bounded
-    so small models keep efficient buckets and large ones do not pay gigabytes of buffers."""
+def _bucket(shape: ModelShape) -> int:
+    """HF's "auto" reduce bucket (h^2), bounded to 1e7..5e8 elements and even, as DeepSpeed requires."""
     h = shape.hidden_size
     bucket = max(10_000_000, min(h * h, 500_000_000))
-    bucket -= bucket % 2  # DeepSpeed requires even all-gather buckets
-    return ZeroKnobs(
-        reduce_bucket_size=bucket,
-        allgather_bucket_size=bucket,
-        overlap_comm=stage >= 2,
-        contiguous_gradients=True,
-        prefetch_bucket_size=int(0.9 * h * h),
-        param_persistence_threshold=10 * h,
-        max_live_parameters=1_000_000_000,
-        max_reuse_distance=1_000_000_000,
-        sub_group_size=1_000_000_000,
-    )
+    return bucket - bucket % 2
+
+
+def default_knobs(shape: ModelShape, stage: int) -> ZeroKnobs:
+    """The first (fastest) knob setting tried for a stage; see :func:`knob_variants`."""
+    return knob_variants(shape, stage)[0]
+
+
+def knob_variants(shape: ModelShape, stage: int) -> list[ZeroKnobs]:
+    """ZeRO settings to try for one plan, fastest first, each leaner in GPU memory than the last.
+
+    Because each variant needs no more memory than the one before it, taking the first variant
+    that fits gives the fastest fitting setting for that plan without trying every combination.
+    Stage 1/2: the reduce bucket (h^2, then 5e7) and, at stage 2, overlap_comm (two buckets, then
+    one). Stage 3: prefetch one largest module ahead with persistent small parameters, then the HF
+    defaults (0.9 h^2 prefetch, 10 h persistence), then lean settings for tight memory.
+    """
+    h = shape.hidden_size
+    bucket = _bucket(shape)
+    small = min(bucket, 50_000_000)
+    if stage == 0:
+        return [ZeroKnobs(overlap_comm=False)]
+    if stage in (1, 2):
+        overlap = stage == 2
+        variants = [ZeroKnobs(reduce_bucket_size=bucket, allgather_bucket_size=bucket, overlap_comm=overlap)]
+        if small < bucket:
+            variants.append(ZeroKnobs(reduce_bucket_size=small, allgather_bucket_size=small, overlap_comm=overlap))
+        if overlap:
+            variants.append(ZeroKnobs(reduce_bucket_size=small, allgather_bucket_size=small, overlap_comm=False))
+        return variants
+    largest_linear = max(h * shape.intermediate_size, h * shape.q_size)
+    return [
+        ZeroKnobs(
+            reduce_bucket_size=bucket,
+            allgather_bucket_size=bucket,
+            overlap_comm=True,
+            prefetch_bucket_size=min(largest_linear, 500_000_000),
+            param_persistence_threshold=max(10 * h, 100_000),
+            max_live_parameters=1_000_000_000,
+            sub_group_size=1_000_000_000,
+        ),
+        ZeroKnobs(
+            reduce_bucket_size=bucket,
+            allgather_bucket_size=bucket,
+            overlap_comm=True,
+            prefetch_bucket_size=int(0.9 * h * h),
+            param_persistence_threshold=10 * h,
+            max_live_parameters=300_000_000,
+            sub_group_size=100_000_000,
+        ),
+        ZeroKnobs(
+            reduce_bucket_size=small,
+            allgather_bucket_size=small,
+            overlap_comm=True,
+            prefetch_bucket_size=min(int(0.9 * h * h), 10_000_000),
+            param_persistence_threshold=min(10 * h, 10_000),
+            max_live_parameters=100_000_000,
+            max_reuse_distance=100_000_000,
+            sub_group_size=100_000_000,
+        ),
+    ]
 
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _batch_splits(spec: Spec, dp: int) -> list[tuple[int, int]]:
-    """Every (micro-batch, accumulation) that meets the global batch exactly on ``dp`` ranks."""
-    global_batch = spec.training.global_batch_size
-    assert global_batch is not None
+@dataclass(frozen=True)
+class BatchTarget:
+    """The global batch the plans must meet, and a note when it differs from what was asked."""
+
+    sequences: int
+    note: str | None = None
+
+
+def resolve_global_batch(spec: Spec, dp: int) -> BatchTarget:
+    """Sequences per optimizer step, from ``global_batch_size`` or ``tokens_per_step``.
+
+    The batch must split evenly over the data-parallel ranks (and any pinned micro-batch or
+    accumulation). With ``constraints.allow_batch_rounding: nearest`` the closest batch that does
+    is used and a note says so; otherwise the error names the nearest ones that would work.
+    """
+    t = spec.training
     c = spec.constraints
-    if global_batch % dp:
-        lower = (global_batch // dp) * dp
-        options = [str(x) for x in (lower, lower + dp) if x > 0]
-        raise DsgenError(
-            f"{global_batch} sequences cannot be split evenly over {dp} data-parallel GPUs",
-            path="training.global_batch_size",
-            location=spec.location("training.global_batch_size"),
-            hint=f"nearest global batches that can: {' or '.join(options)} (multiples of {dp})",
+    unit = dp * (c.micro_batch_size or 1) * (c.gradient_accumulation_steps or 1)
+    if t.tokens_per_step is not None:
+        requested: float = t.tokens_per_step / t.sequence_length
+        key, what = "training.tokens_per_step", f"{t.tokens_per_step} tokens per step"
+    else:
+        assert t.global_batch_size is not None
+        requested = t.global_batch_size
+        key, what = "training.global_batch_size", f"{t.global_batch_size} sequences"
+    if requested == int(requested) and int(requested) % unit == 0:
+        return BatchTarget(int(requested))
+    lower = int(requested // unit) * unit
+    upper = lower + unit
+    options = [x for x in (lower, upper) if x > 0]
+    if c.allow_batch_rounding == "nearest":
+        chosen = min(options, key=lambda x: (abs(x - requested), x))
+        return BatchTarget(
+            chosen,
+            note=f"{what} rounded to a global batch of {chosen} sequences "
+            f"({chosen * t.sequence_length} tokens), the nearest multiple of {unit}",
         )
+    shown = " or ".join(
+        f"{x} sequences ({x * t.sequence_length} tokens)" if t.tokens_per_step else str(x) for x in options
+    )
+    raise DsgenError(
+        f"{what} cannot be split evenly over {dp} data-parallel GPUs"
+        + (f" with the pinned micro-batch/accumulation (multiples of {unit})" if unit != dp else ""),
+        path=key,
+        location=spec.location(key),
+        hint=f"nearest global batches that can: {shown} (multiples of {unit}); "
+        "or set constraints.allow_batch_rounding: nearest",
+    )
+
+
+def _batch_splits(spec: Spec, dp: int, global_batch: int) -> list[tuple[int, int]]:
+    """Every (micro-batch, accumulation) that meets ``global_batch`` exactly on ``dp`` ranks,
+    smallest micro-batch first."""
+    c = spec.constraints
     per_rank = global_batch // dp
     splits = []
     for micro in _divisors(per_rank):
@@ -182,15 +272,28 @@ def _choices(pinned: object, options: list) -> list:
     return options if pinned is None else [pinned]
 
 
-def _candidates(spec: Spec) -> Iterator[Plan]:
-    """All plans allowed by the spec, in a fixed order (simplest first)."""
+OFFLOAD_RATIOS = (1.0, 0.75, 0.5, 0.25)
+
+
+@dataclass(frozen=True)
+class _Structure:
+    """The choices of a plan other than batch split and knob sizes."""
+
+    stage: int
+    offload_optimizer: str
+    offload_param: str
+    offload_ratio: float
+    zeropp: str
+    checkpointing: bool
+
+
+def _structures(spec: Spec) -> Iterator[_Structure]:
+    """Every allowed combination of stage, offload (with partial-offload share), ZeRO++ and
+    checkpointing, in a fixed order (simplest first)."""
     c = spec.constraints
-    dp = spec.hardware.world_size
-    precision = resolve_precision(spec)
-    splits = _batch_splits(spec, dp)
-    offload_targets = ["none", "cpu"] + (["nvme"] if spec.hardware.nvme else [])
+    hw = spec.hardware
+    offload_targets = ["none", "cpu"] + (["nvme"] if hw.nvme else [])
     for stage in _choices(c.zero_stage, [0, 1, 2, 3]):
-        knobs = default_knobs(spec.model, stage)
         # ZeRO-1/2 treat an NVMe optimizer device as CPU offload; only ZeRO-3 swaps to NVMe.
         optimizer_targets = offload_targets if stage == 3 else ["none", "cpu"]
         if stage == 0:
@@ -204,19 +307,35 @@ def _candidates(spec: Spec) -> Iterator[Plan]:
             for offload_param in param_offloads:
                 if offload_param != "none" and offload_optimizer == "none" and c.offload_optimizer is None:
                     continue  # DeepSpeed offloads parameters only alongside optimizer states
-                for checkpointing in _choices(c.activation_checkpointing, [False, True]):
-                    for micro, accum in splits:
-                        yield Plan(
-                            precision=precision,
-                            zero_stage=stage,
-                            offload_optimizer=offload_optimizer,
-                            offload_param=offload_param,
-                            activation_checkpointing=checkpointing,
-                            micro_batch_size=micro,
-                            gradient_accumulation_steps=accum,
-                            data_parallel_size=dp,
-                            knobs=knobs,
-                        )
+                # partial offload (offload_optimizer.ratio < 1) exists only for ZeRO-3 CPU offload
+                # and needs DeepSpeedCPUAdam, i.e. an Adam-family optimizer
+                partial = (
+                    stage == 3
+                    and offload_optimizer == "cpu"
+                    and offload_param == "none"
+                    and spec.training.optimizer.type in ("adam", "adamw")
+                )
+                # ZeRO++ targets multi-node ZeRO-3 with parameters on the GPU
+                zeropps = (
+                    ["none", "hpz", "hpz+qwz+qgz"]
+                    if stage == 3 and hw.nodes > 1 and offload_param == "none"
+                    else ["none"]
+                )
+                for ratio in OFFLOAD_RATIOS if partial else (1.0,):
+                    for zeropp in zeropps:
+                        for checkpointing in _choices(c.activation_checkpointing, [False, True]):
+                            yield _Structure(stage, offload_optimizer, offload_param, ratio, zeropp, checkpointing)
+
+
+def _with_zeropp(knobs: ZeroKnobs, zeropp: str, gpus_per_node: int) -> ZeroKnobs:
+    if zeropp == "none":
+        return knobs
+    return replace(
+        knobs,
+        hpz_partition_size=gpus_per_node if "hpz" in zeropp else 1,
+        quantized_weights="qwz" in zeropp,
+        quantized_gradients="qgz" in zeropp,
+    )
 
 
 def evaluate(spec: Spec, plan: Plan) -> Evaluation:
@@ -260,42 +379,102 @@ def _is_fully_pinned(spec: Spec) -> bool:
     )
 
 
+def _search(spec: Spec, global_batch: int) -> tuple[list[Evaluation], int]:
+    """Evaluate the search space with two safe prunings; return the evaluations kept and the count.
+
+    1. Knob variants are ordered fastest-first and never larger in GPU memory than the previous
+       one, so the first that fits is the best setting for that plan; leaner ones are not tried.
+    2. GPU memory grows with the micro-batch, so once a micro-batch does not fit on the GPU even
+       with the leanest knobs, no larger one of the same structure can, and none is tried.
+    """
+    dp = spec.hardware.world_size
+    precision = resolve_precision(spec)
+    splits = _batch_splits(spec, dp, global_batch)
+    variants_by_stage = {stage: knob_variants(spec.model, stage) for stage in range(4)}
+    kept: list[Evaluation] = []
+    evaluated = 0
+    for st in _structures(spec):
+        variants = [_with_zeropp(k, st.zeropp, spec.hardware.gpus_per_node) for k in variants_by_stage[st.stage]]
+        for micro, accum in splits:
+            chosen: Evaluation | None = None
+            for knobs in variants:
+                plan = Plan(
+                    precision=precision,
+                    zero_stage=st.stage,
+                    offload_optimizer=st.offload_optimizer,
+                    offload_param=st.offload_param,
+                    activation_checkpointing=st.checkpointing,
+                    micro_batch_size=micro,
+                    gradient_accumulation_steps=accum,
+                    data_parallel_size=dp,
+                    knobs=knobs,
+                    offload_ratio=st.offload_ratio,
+                )
+                chosen = evaluate(spec, plan)
+                evaluated += 1
+                if chosen.fits_gpu:
+                    break
+            assert chosen is not None
+            kept.append(chosen)
+            if not chosen.fits_gpu:
+                break
+    return kept, evaluated
+
+
+def _best_of(evaluations: list[Evaluation]) -> Evaluation:
+    fits = [e for e in evaluations if e.feasible]
+    if fits:
+        return min(fits, key=_rank_key)
+    return min(evaluations, key=lambda e: (e.shortfall(), _rank_key(e)))
+
+
+def _compare(top: Evaluation, best: Evaluation | None) -> str:
+    if top.feasible:
+        text = f"fits; {top.step.total_s:.2f} s/step"
+        if best is not None and best.feasible and best.step.total_s > 0:
+            text += f" ({top.step.total_s / best.step.total_s:.2f}x the chosen plan's step time)"
+        return text
+    return f"does not fit: {top.reason()}"
+
+
 def solve(spec: Spec) -> SolveResult:
-    """Evaluate every candidate and rank the feasible ones (pure function of the spec)."""
-    evaluations = [evaluate(spec, plan) for plan in _candidates(spec)]
+    """Evaluate the search space and rank the feasible plans (pure function of the spec)."""
+    dp = spec.hardware.world_size
+    target = resolve_global_batch(spec, dp)
+    evaluations, evaluated = _search(spec, target.sequences)
     feasible = sorted((e for e in evaluations if e.feasible), key=_rank_key)
     closest = None if feasible else min(evaluations, key=lambda e: (e.shortfall(), _rank_key(e)))
     pinned = _is_fully_pinned(spec)
     # A fully pinned spec reports that exact plan, feasible or not.
-    best = evaluations[0] if pinned else (feasible[0] if feasible else None)
-    chosen_stage = (best or closest).plan.zero_stage if (best or closest) else None
+    best = feasible[0] if feasible else (closest if pinned else None)
+    shown = best or closest
     alternatives = []
     for stage in range(4):
-        if stage == chosen_stage:
+        if shown is not None and stage == shown.plan.zero_stage:
             continue
         of_stage = [e for e in evaluations if e.plan.zero_stage == stage]
         if not of_stage:
             alternatives.append(Alternative(stage, None, "excluded by constraints"))
             continue
-        fits = [e for e in of_stage if e.feasible]
-        if fits:
-            top = min(fits, key=_rank_key)
-            reason = f"fits; {top.step.total_s:.2f} s/step"
-            if best is not None and best.feasible:
-                ratio = top.step.total_s / best.step.total_s
-                reason += f" ({ratio:.2f}x the chosen plan's step time)"
-        else:
-            top = min(of_stage, key=lambda e: (e.shortfall(), _rank_key(e)))
-            reason = f"does not fit: {top.reason()}"
-        alternatives.append(Alternative(stage, top, reason))
+        top = _best_of(of_stage)
+        alternatives.append(Alternative(stage, top, _compare(top, best)))
+    offload_choices = []
+    if shown is not None:
+        chosen_label = shown.plan.offload_label()
+        labels = sorted({e.plan.offload_label() for e in evaluations} - {chosen_label})
+        for label in labels:
+            top = _best_of([e for e in evaluations if e.plan.offload_label() == label])
+            offload_choices.append((label, top, _compare(top, best)))
     return SolveResult(
         spec=spec,
         best=best,
         ranked=tuple(feasible),
         alternatives=tuple(alternatives),
+        offload_alternatives=tuple(offload_choices),
         closest=closest,
-        candidates_evaluated=len(evaluations),
+        candidates_evaluated=evaluated,
         fully_pinned=pinned,
+        batch_note=target.note,
     )
 
 
@@ -304,7 +483,7 @@ def require_feasible(result: SolveResult) -> Evaluation:
     if result.feasible:
         assert result.best is not None
         return result.best
-    miss = result.best if result.fully_pinned else result.closest
+    miss = result.best if result.best is not None else result.closest
     assert miss is not None
     spec = result.spec
     what = "the pinned plan" if result.fully_pinned else "no plan fits; the closest is"

@@ -209,3 +209,70 @@ def test_new_writes_a_config_that_matches_the_plan(capsys, tmp_path: Path) -> No
     assert config["train_micro_batch_size_per_gpu"] == plan.micro_batch_size
     assert config["bf16"] == {"enabled": True}
     assert "Your training script" in result.stdout and f"wrote {out}" in result.stdout
+
+
+def test_tokens_per_step_is_converted_to_sequences() -> None:
+    text = (
+        "model: {preset: gpt2}\nhardware: {gpu: a100-80gb, gpus_per_node: 8}\n"
+        "training: {sequence_length: 1024, tokens_per_step: 65536}\n"
+    )
+    result = solve_spec(spec_from(text))
+    assert result.best is not None and result.best.plan.global_batch_size == 64
+    assert result.batch_note is None
+
+
+def test_exactly_one_of_batch_and_tokens() -> None:
+    text = (
+        "model: {preset: gpt2}\nhardware: {gpu: a100-80gb}\n"
+        "training: {sequence_length: 1024, tokens_per_step: 65536, global_batch_size: 64}\n"
+    )
+    with pytest.raises(DsgenError, match="exactly one of global_batch_size or tokens_per_step"):
+        spec_from(text)
+
+
+def test_batch_rounding_nearest_picks_closest_and_says_so(capsys, tmp_path: Path) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        base("gpt2", "a100-80gb", seq=1024, batch=250, extra="constraints: {allow_batch_rounding: nearest}\n")
+    )
+    result = run_cli(["solve", str(spec), "--json"], capsys)
+    assert result.exit_code == 0, result.stderr
+    body = json.loads(result.stdout)
+    assert body["plan"]["global_batch_size"] == 248  # 250 is 2 from 248 and 6 from 256
+    assert body["notes"] and "rounded" in body["notes"][0]
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text(
+        "model: {preset: gpt2}\nhardware: {gpu: a100-80gb, gpus_per_node: 8}\n"
+        "training: {sequence_length: 1000, tokens_per_step: 100000}\nconstraints: {allow_batch_rounding: nearest}\n"
+    )
+    body = json.loads(run_cli(["solve", str(tokens), "--json"], capsys).stdout)
+    assert body["plan"]["global_batch_size"] == 96  # 100 sequences -> nearest multiple of 8 is 96 (104 is farther)
+
+
+def test_top_table_and_explain(capsys) -> None:
+    example = str(EXAMPLES_DIR / "llama-3.1-8b-8xh100.yaml")
+    table = run_cli(["solve", example, "--top", "10"], capsys)
+    assert table.exit_code == 0
+    rows = [line for line in table.stdout.splitlines() if line[:3].strip().isdigit()]
+    assert len(rows) == 10
+    body = json.loads(run_cli(["solve", example, "--json", "--top", "10"], capsys).stdout)
+    times = [r["step_time_s"] for r in body["ranked"]]
+    assert times == sorted(times) and body["ranked"][0]["plan"] == body["plan"]
+    explained = run_cli(["explain", example], capsys)
+    assert explained.exit_code == 0
+    assert "ZeRO-0: does not fit: needs" in explained.stdout and "GiB per GPU" in explained.stdout
+    assert "offload choices not chosen:" in explained.stdout and "compute" in explained.stdout
+
+
+def test_slow_inter_node_link_moves_large_model_to_zeropp() -> None:
+    def chosen(bandwidth: float):
+        text = base("llama-3.1-70b", "a100-80gb", nodes=4, batch=512, extra="").replace(
+            "cpu_memory_gib: 1024}", f"cpu_memory_gib: 1024, inter_node_bandwidth_gbps: {bandwidth}}}"
+        )
+        result = solve_spec(spec_from(text))
+        assert result.best is not None
+        return result.best.plan
+
+    assert chosen(50).knobs.hpz_partition_size == 1
+    slow = chosen(6.25)
+    assert slow.knobs.hpz_partition_size == 8 and slow.zero_stage == 3

@@ -21,6 +21,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (th
 def register(app: typer.Typer) -> None:
     app.command("new")(new)
     app.command("solve")(solve)
+    app.command("explain")(explain)
 
 
 def new(
@@ -63,17 +64,35 @@ def solve(
     spec_file: SpecArg,
     overrides: SetOpt = None,
     as_json: JsonOpt = False,
+    top: Annotated[int, typer.Option("--top", min=0, help="Also list the N fastest feasible plans.")] = 0,
 ) -> None:
     """Solve the spec and report the plan; nothing is written. Exit 3 when nothing fits."""
     from dsgen.api import load_spec, solve_spec
-    from dsgen.report import human_summary, result_dict
+    from dsgen.report import evaluation_dict, human_summary, ranked_table, result_dict
 
     result = solve_spec(load_spec(spec_file, overrides or []))
     if as_json:
-        typer.echo(json.dumps(result_dict(result), indent=2))
+        body = result_dict(result)
+        if top:
+            body["ranked"] = [evaluation_dict(e, result.spec) for e in result.ranked[:top]]
+        typer.echo(json.dumps(body, indent=2))
     else:
         typer.echo(human_summary(result))
         for alt in result.alternatives:
             typer.echo(f"  ZeRO-{alt.zero_stage}: {alt.reason}")
+        if top:
+            typer.echo("")
+            typer.echo(ranked_table(result, top))
+    if not result.feasible:
+        raise typer.Exit(int(ExitCode.INFEASIBLE))
+
+
+def explain(spec_file: SpecArg, overrides: SetOpt = None) -> None:
+    """Explain the chosen plan: memory per term, step-time split, and why other choices lost."""
+    from dsgen.api import load_spec, solve_spec
+    from dsgen.report import explanation
+
+    result = solve_spec(load_spec(spec_file, overrides or []))
+    typer.echo(explanation(result))
     if not result.feasible:
         raise typer.Exit(int(ExitCode.INFEASIBLE))

@@ -84,7 +84,23 @@ def buffer_bytes(shape: ModelShape, plan: Plan) -> int:
         return reduce
     live = min(k.max_live_parameters, shape.layer_gather_parameters() + k.prefetch_bucket_size)
     gathered = w * max(shape.largest_module_parameters(), live)
-    return reduce + gathered
+    # ZeRO++ hpZ keeps a secondary copy of the parameters partitioned within the node only.
+    secondary = w * -(-shape.parameter_count() // k.hpz_partition_size) if k.hpz_partition_size > 1 else 0
+    return reduce + gathered + secondary
+
+
+def partial_offload_on_gpu(shape: ModelShape, plan: Plan, optimizer: str) -> int:
+    """Optimizer bytes that stay on the GPU when only ``offload_ratio`` of them go to the CPU.
+
+    ZeRO-3's partial offload (``offload_optimizer.ratio`` < 1) keeps the remaining sub-groups'
+    fp32 master weights, optimizer states and fp32 gradients on the GPU and steps them there.
+    """
+    if plan.offload_optimizer != "cpu" or plan.offload_ratio >= 1:
+        return 0
+    master = FP32 if plan.mixed_precision else 0
+    per_param = master + OPTIMIZER_STATE_BYTES[optimizer] + FP32
+    partition = -(-shape.parameter_count() // plan.data_parallel_size)
+    return int((1 - plan.offload_ratio) * per_param * partition)
 
 
 def transient_bytes(shape: ModelShape, plan: Plan, training: Training, recompute_working_set: int) -> int:
@@ -111,7 +127,7 @@ def host_bytes(shape: ModelShape, plan: Plan, hardware: Hardware, optimizer: str
     offloaded = 0
     if plan.offload_optimizer == "cpu":
         # fp32 master weights, optimizer states and the fp32 gradient partition live in host RAM
-        offloaded += ranks * (master + state + FP32) * per_rank_partition
+        offloaded += int(ranks * (master + state + FP32) * per_rank_partition * plan.offload_ratio)
     elif plan.offload_optimizer == "nvme":
         # fp32 gradients stay on the host; states are swapped through pinned buffers
         swap = 4 * min(plan.knobs.sub_group_size, per_rank_partition) * FP32
@@ -144,6 +160,7 @@ def nvme_bytes(shape: ModelShape, plan: Plan, hardware: Hardware, optimizer: str
 def estimate_memory(shape: ModelShape, plan: Plan, hardware: Hardware, training: Training) -> MemoryEstimate:
     """Predict the memory of ``plan`` (pure function of its inputs)."""
     params, grads, optimizer_states = model_state_bytes(shape, plan, training.optimizer.type)
+    optimizer_states += partial_offload_on_gpu(shape, plan, training.optimizer.type)
     acts = estimate_activations(
         shape,
         micro_batch_size=plan.micro_batch_size,

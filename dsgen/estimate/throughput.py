@@ -57,6 +57,35 @@ def _collective_bandwidth(hardware: Hardware) -> float:
     return link * 1e9 * COLLECTIVE_EFFICIENCY
 
 
+def _zero3_micro_step_comm_s(shape: ModelShape, plan: Plan, hardware: Hardware) -> float:
+    """Seconds of ZeRO-3 communication per micro-step: parameter all-gathers in forward and
+    backward and the gradient reduce-scatter, with ZeRO++ where enabled.
+
+    qwZ sends int8 weights (half of 16-bit), hpZ serves the backward gather from a copy partitioned
+    within the node (intra-node link), qgZ reduces gradients in int4 after an intra-node pass
+    (a quarter of the inter-node volume). Rajbhandari et al., ZeRO++ (2023).
+    """
+    p = shape.parameter_count()
+    w = plan.dtype_bytes
+    n = plan.data_parallel_size
+    g = hardware.gpus_per_node
+    k = plan.knobs
+    ring = (n - 1) / n if n > 1 else 0.0
+    wide = _collective_bandwidth(hardware)
+    local = hardware.gpu.interconnect_bandwidth_gbps * 1e9 * COLLECTIVE_EFFICIENCY
+    gather_bytes = (w / 2 if k.quantized_weights else w) * p * ring
+    forward = gather_bytes / wide
+    if k.hpz_partition_size > 1:
+        backward = w * p * (g - 1) / g / local
+    else:
+        backward = gather_bytes / wide
+    if k.quantized_gradients:
+        reduce = w * p * (g - 1) / g / local + 0.25 * w * p * ring / wide
+    else:
+        reduce = w * p * ring / wide
+    return forward + backward + reduce
+
+
 def estimate_step_time(shape: ModelShape, plan: Plan, hardware: Hardware, training: Training) -> StepTime:
     """Predict the wall time of one optimizer step (pure function of its inputs)."""
     s = training.sequence_length
@@ -78,35 +107,39 @@ def estimate_step_time(shape: ModelShape, plan: Plan, hardware: Hardware, traini
     ring = (n - 1) / n if n > 1 else 0.0
     bandwidth = _collective_bandwidth(hardware)
     accum = plan.gradient_accumulation_steps
+    k = plan.knobs
+    backward_compute = compute * 2 / 3
+    hidden = OVERLAP_SHARE * backward_compute if k.overlap_comm else 0.0
     if plan.zero_stage <= 1:
         overlappable = 0.0
-        blocking = 2 * w * p * ring  # all-reduce / reduce-scatter + all-gather once per step
+        blocking = 2 * w * p * ring / bandwidth  # all-reduce / reduce-scatter + all-gather once per step
     elif plan.zero_stage == 2:
-        overlappable = accum * w * p * ring  # reduce-scatter every micro-step
-        blocking = w * p * ring  # all-gather of updated parameters after the step
+        overlappable = accum * w * p * ring / bandwidth  # reduce-scatter every micro-step
+        blocking = w * p * ring / bandwidth  # all-gather of updated parameters after the step
     else:
-        overlappable = accum * 3 * w * p * ring  # gather forward, gather backward, reduce-scatter
+        overlappable = accum * _zero3_micro_step_comm_s(shape, plan, hardware)
         blocking = 0.0
-    backward_compute = compute * 2 / 3
-    hidden = OVERLAP_SHARE * backward_compute if plan.knobs.overlap_comm else 0.0
-    exposed = max(0.0, overlappable / bandwidth - hidden) + blocking / bandwidth
+        # gathers hide behind compute only as far as the prefetch bucket reaches ahead
+        hidden = OVERLAP_SHARE * compute * min(1.0, k.prefetch_bucket_size / max(shape.layer_parameters(), 1))
+    exposed = max(0.0, overlappable - hidden) + blocking
     if n > 1:
         latency = COLLECTIVE_LATENCY_S["inter" if hardware.nodes > 1 else "intra"]
         if plan.zero_stage == 3:
             # one gather per layer forward and backward and one reduce per layer, every micro-step
             collectives = accum * 3 * shape.num_layers
         elif plan.zero_stage == 2:
-            collectives = accum * max(1, round(w * p / (w * plan.knobs.reduce_bucket_size))) + 1
+            collectives = accum * max(1, round(p / k.reduce_bucket_size)) + 1
         else:
-            collectives = 2 * max(1, round(p / plan.knobs.reduce_bucket_size))
+            collectives = 2 * max(1, round(p / k.reduce_bucket_size))
         exposed += collectives * latency
 
     offload = 0.0
     partition = p / n
     pcie = hardware.gpu.pcie_bandwidth_gbps * 1e9 * PCIE_EFFICIENCY
     if plan.offload_optimizer != "none":
-        transfers = accum * w * partition + w * partition  # gradients down every micro-step, params up
-        cpu_update = partition * hardware.gpus_per_node / (hardware.cpu_optimizer_gparams_per_s * 1e9)
+        share = plan.offload_ratio  # partial offload moves and updates only this share on the CPU
+        transfers = share * (accum * w * partition + w * partition)  # gradients down each micro-step, params up
+        cpu_update = share * partition * hardware.gpus_per_node / (hardware.cpu_optimizer_gparams_per_s * 1e9)
         offload += transfers / pcie + cpu_update
         if plan.offload_optimizer == "nvme" and hardware.nvme:
             state = (FP32 + OPTIMIZER_STATE_BYTES[training.optimizer.type]) * partition

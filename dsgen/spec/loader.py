@@ -262,12 +262,17 @@ class _SpecBuilder:
             )
         if precision == "fp16" and not gpu.fp16:
             raise self.fail(("training", "precision"), f"fp16 is not supported by {gpu.name}")
+        given = [k for k in ("global_batch_size", "tokens_per_step") if k in block]
+        if len(given) != 1:
+            found = f"got {' and '.join(given)}" if given else "got neither"
+            raise self.fail(("training",), f"give exactly one of global_batch_size or tokens_per_step ({found})")
         opt = block.get("optimizer", {})
         betas = tuple(opt.get("betas", (0.9, 0.999)))
         sched = block.get("scheduler", {})
         return Training(
             sequence_length=block["sequence_length"],
-            global_batch_size=block["global_batch_size"],
+            global_batch_size=block.get("global_batch_size"),
+            tokens_per_step=block.get("tokens_per_step"),
             precision=precision,
             attention=block.get("attention", "flash"),
             gradient_clipping=float(block.get("gradient_clipping", 1.0)),
@@ -321,4 +326,5 @@ class _SpecBuilder:
             micro_batch_size=pinned("micro_batch_size"),
             gradient_accumulation_steps=pinned("gradient_accumulation_steps"),
             memory_headroom=float(block.get("memory_headroom", 0.10)),
+            allow_batch_rounding=block.get("allow_batch_rounding", "none"),
         )

@@ -65,7 +65,8 @@ class Scheduler:
 @dataclass(frozen=True)
 class Training:
     sequence_length: int
-    global_batch_size: int | None = None
+    global_batch_size: int | None = None  # sequences per optimizer step ...
+    tokens_per_step: int | None = None  # ... or tokens per step: exactly one is set
     precision: str = "auto"
     attention: str = "flash"
     gradient_clipping: float = 1.0
@@ -85,6 +86,7 @@ class Constraints:
     micro_batch_size: int | None = None
     gradient_accumulation_steps: int | None = None
     memory_headroom: float = 0.10
+    allow_batch_rounding: str = "none"  # none | nearest
 
 
 @dataclass(frozen=True)
