@@ -209,7 +209,10 @@ def resolve_global_batch(spec: Spec, dp: int) -> BatchTarget:
     """
     t = spec.training
     c = spec.constraints
-    unit = dp * (c.micro_batch_size or 1) * (c.gradient_accumulation_steps or 1)
+    # Rounding honours pinned micro-batch/accumulation; without it, a pin that does not divide the
+    # batch is reported against the pin itself (see _batch_splits).
+    rounding = c.allow_batch_rounding == "nearest"
+    unit = dp * ((c.micro_batch_size or 1) * (c.gradient_accumulation_steps or 1) if rounding else 1)
     if t.tokens_per_step is not None:
         requested: float = t.tokens_per_step / t.sequence_length
         key, what = "training.tokens_per_step", f"{t.tokens_per_step} tokens per step"
@@ -222,7 +225,7 @@ def resolve_global_batch(spec: Spec, dp: int) -> BatchTarget:
     lower = int(requested // unit) * unit
     upper = lower + unit
     options = [x for x in (lower, upper) if x > 0]
-    if c.allow_batch_rounding == "nearest":
+    if rounding:
         chosen = min(options, key=lambda x: (abs(x - requested), x))
         return BatchTarget(
             chosen,
@@ -233,8 +236,7 @@ def resolve_global_batch(spec: Spec, dp: int) -> BatchTarget:
         f"{x} sequences ({x * t.sequence_length} tokens)" if t.tokens_per_step else str(x) for x in options
     )
     raise DsgenError(
-        f"{what} cannot be split evenly over {dp} data-parallel GPUs"
-        + (f" with the pinned micro-batch/accumulation (multiples of {unit})" if unit != dp else ""),
+        f"{what} cannot be split evenly over {dp} data-parallel GPUs",
         path=key,
         location=spec.location(key),
         hint=f"nearest global batches that can: {shown} (multiples of {unit}); "
@@ -460,10 +462,12 @@ def solve(spec: Spec) -> SolveResult:
         alternatives.append(Alternative(stage, top, _compare(top, best)))
     offload_choices = []
     if shown is not None:
-        chosen_label = shown.plan.offload_label()
-        labels = sorted({e.plan.offload_label() for e in evaluations} - {chosen_label})
-        for label in labels:
-            top = _best_of([e for e in evaluations if e.plan.offload_label() == label])
+        by_label: dict[str, list[Evaluation]] = {}
+        for e in evaluations:
+            by_label.setdefault(e.plan.offload_label(), []).append(e)
+        by_label.pop(shown.plan.offload_label(), None)
+        for label in sorted(by_label):
+            top = _best_of(by_label[label])
             offload_choices.append((label, top, _compare(top, best)))
     return SolveResult(
         spec=spec,

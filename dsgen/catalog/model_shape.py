@@ -8,8 +8,35 @@ exactly (tests check this against ``transformers`` models built on the meta devi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from functools import wraps
+from typing import Literal, TypeVar
+
+_T = TypeVar("_T")
+
+
+def _memoized(method: Callable[..., _T]) -> Callable[..., _T]:
+    """Cache a count on the (immutable) instance: the solver asks for the same counts thousands
+    of times per solve. The cache lives outside the dataclass fields, so equality, hashing,
+    ``replace`` and ``asdict`` are unaffected."""
+
+    name = method.__name__
+
+    @wraps(method)
+    def wrapper(self: ModelShape, *args: object, **kwargs: object) -> _T:
+        try:
+            cache = self.__dict__["_memo"]
+        except KeyError:
+            cache = self.__dict__["_memo"] = {}
+        key = (name, *args, *kwargs.values())
+        try:
+            return cache[key]
+        except KeyError:
+            value = cache[key] = method(self, *args, **kwargs)
+            return value
+
+    return wrapper
 
 Family = Literal["llama", "mistral", "qwen2", "gemma2", "phi3", "gpt2", "gpt_neox", "bert", "mixtral"]
 MlpKind = Literal["swiglu", "geglu", "gelu"]
@@ -76,6 +103,7 @@ class ModelShape:
     def _norm_params(self) -> int:
         return self.hidden_size * (2 if self.norm == "layernorm" else 1)
 
+    @_memoized
     def attention_parameters(self) -> int:
         h = self.hidden_size
         params = h * self.q_size + 2 * h * self.kv_size + self.q_size * h
@@ -93,6 +121,7 @@ class ModelShape:
             params += (2 * f if self.gated_mlp else f) + h
         return params
 
+    @_memoized
     def mlp_parameters(self, active_only: bool = False) -> int:
         if not self.is_moe:
             return self.expert_mlp_parameters()
@@ -100,6 +129,7 @@ class ModelShape:
         router = self.hidden_size * self.num_experts
         return experts * self.expert_mlp_parameters() + router
 
+    @_memoized
     def layer_parameters(self, active_only: bool = False) -> int:
         return (
             self.attention_parameters()
@@ -107,6 +137,7 @@ class ModelShape:
             + self.norms_per_layer * self._norm_params()
         )
 
+    @_memoized
     def embedding_parameters(self) -> int:
         h = self.hidden_size
         params = self.vocab_size * h
@@ -116,6 +147,7 @@ class ModelShape:
             params += self._norm_params()
         return params
 
+    @_memoized
     def head_parameters(self) -> int:
         """Final norm, untied output projection and pooler: everything after the last layer."""
         h = self.hidden_size
@@ -126,12 +158,14 @@ class ModelShape:
             params += h * h + h
         return params
 
+    @_memoized
     def parameter_count(self) -> int:
         """Total trainable parameters (shared embedding/output weights counted once)."""
         return (
             self.embedding_parameters() + self.num_layers * self.layer_parameters() + self.head_parameters()
         )
 
+    @_memoized
     def active_parameter_count(self) -> int:
         """Parameters touched per token: all of them for dense models, routed experts only for MoE."""
         return (
@@ -140,6 +174,7 @@ class ModelShape:
             + self.head_parameters()
         )
 
+    @_memoized
     def largest_module_parameters(self) -> int:
         """Parameters of the largest single module (DeepSpeed's "largest layer" for ZeRO-3).
 

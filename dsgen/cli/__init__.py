@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from dsgen.cli import plan_cmd, presets_cmd, validate_cmd
+from dsgen.cli import plan_cmd, presets_cmd, sweep_cmd, validate_cmd
 from dsgen.errors import DsgenError
 
 app = typer.Typer(
@@ -20,6 +20,7 @@ app = typer.Typer(
 )
 plan_cmd.register(app)
 presets_cmd.register(app)
+sweep_cmd.register(app)
 validate_cmd.register(app)
 
 

@@ -6,8 +6,32 @@ from typing import Any
 
 import yaml
 
-from dsgen.errors import DsgenError
-from dsgen.spec.yaml_source import SourceMap
+from dsgen.errors import DsgenError, Location
+from dsgen.spec.yaml_source import KeyPath, SourceMap
+
+MODEL_SOURCES = ("preset", "hf_config", "architecture")
+
+
+def set_path(data: dict[str, Any], path: KeyPath, value: Any, origin: str) -> None:
+    """Set ``data[a][b]... = value``, creating mappings on the way.
+
+    Setting one model source (preset, hf_config, architecture) replaces the others, so an
+    override can switch a spec from a preset to a local config.json.
+    """
+    node: Any = data
+    for depth, part in enumerate(path[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        elif not isinstance(child, dict):
+            prefix = ".".join(map(str, path[: depth + 1]))
+            raise DsgenError(f"{origin}: {prefix} is not a mapping, cannot set {'.'.join(map(str, path))}")
+        node = child
+    if len(path) == 2 and path[0] == "model" and path[1] in MODEL_SOURCES:
+        for other in MODEL_SOURCES:
+            if other != path[1]:
+                node.pop(other, None)
+    node[path[-1]] = value
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...], source: SourceMap) -> None:
@@ -21,15 +45,6 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError as exc:
             raise DsgenError(f"--set {item!r}: value is not valid YAML ({exc})") from None
-        parts = key.split(".")
-        node: Any = data
-        for depth, part in enumerate(parts[:-1]):
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            elif not isinstance(child, dict):
-                prefix = ".".join(parts[: depth + 1])
-                raise DsgenError(f"--set {item!r}: {prefix} is not a mapping, cannot set {key}")
-            node = child
-        node[parts[-1]] = value
-        source.overridden.add(tuple(parts))
+        parts = tuple(key.split("."))
+        set_path(data, parts, value, f"--set {item!r}")
+        source.overridden[parts] = Location(file="--set")

@@ -28,14 +28,17 @@ class SourceMap:
 
     file: str | None
     lines: dict[KeyPath, int] = field(default_factory=dict)
-    overridden: set[KeyPath] = field(default_factory=set)
+    overridden: dict[KeyPath, Location] = field(default_factory=dict)  # keys set from elsewhere
+
+    def copy(self) -> SourceMap:
+        return SourceMap(self.file, dict(self.lines), dict(self.overridden))
 
     def location(self, path: KeyPath) -> Location:
         """The best location for ``path``: its own line, else its nearest ancestor's."""
         for end in range(len(path), -1, -1):
             prefix = path[:end]
             if prefix in self.overridden:
-                return Location(file="--set")
+                return self.overridden[prefix]
             if prefix in self.lines:
                 return Location(self.file, self.lines[prefix])
         return Location(self.file)

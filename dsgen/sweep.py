@@ -1,0 +1,229 @@
+"""Expand a sweep file into runs and solve, render and validate each one.
+
+A sweep is a base spec plus ``grid`` (cartesian product) and ``zip`` (varied together) key paths.
+Everything here is pure: :func:`load_sweep` reads and expands the file, :func:`run_sweep` turns
+runs into outcomes in memory. Writing files (all or nothing) is the CLI's job.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dsgen.errors import DsgenError, InfeasibleError
+from dsgen.render import Rendered, render
+from dsgen.resources import schema_path
+from dsgen.solver import Evaluation, require_feasible, solve
+from dsgen.spec.loader import spec_from_data
+from dsgen.spec.overrides import set_path
+from dsgen.spec.schema_errors import check_against_schema, show
+from dsgen.spec.yaml_source import KeyPath, SourceMap, load_yaml
+
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]*$")
+MANIFEST_JSONL = "manifest.jsonl"
+MANIFEST_CSV = "manifest.csv"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One point of the sweep: its name, the values it varies, and its spec data."""
+
+    index: int
+    name: str
+    varied: tuple[tuple[str, Any], ...]
+    data: dict[str, Any]
+    source: SourceMap
+
+
+@dataclass(frozen=True)
+class Sweep:
+    file: str
+    runs: tuple[Run, ...]
+    varied_keys: tuple[str, ...]
+    base_dir: Path
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What happened to one run: a rendered config, or the reason there is none."""
+
+    run: Run
+    status: str  # ok | infeasible | invalid
+    evaluation: Evaluation | None
+    rendered: Rendered | None
+    reason: str | None
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Read a sweep file, validate it, and expand it into uniquely and safely named runs."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DsgenError(f"sweep file not found: {file}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DsgenError(f"cannot read sweep file {file}: {exc}") from None
+    data, source = load_yaml(text, str(file))
+    if not isinstance(data, dict):
+        raise DsgenError("a sweep must be a YAML mapping with base, name and grid/zip", location=source.location(()))
+    check_against_schema(data, schema_path("sweep"), source, what="sweep")
+    base_data, base_source, base_dir = _load_base(data["base"], file, source)
+    grid: dict[str, list[Any]] = data.get("grid", {})
+    zipped: dict[str, list[Any]] = data.get("zip", {})
+    _check_keys(grid, zipped, source)
+    combos = list(itertools.product(*grid.values())) if grid else [()]
+    zip_rows = list(zip(*zipped.values(), strict=True)) if zipped else [()]
+    runs: list[Run] = []
+    names: dict[str, int] = {}
+    name_template = _name_template(data["name"], source)
+    for combo in combos:
+        for row in zip_rows:
+            varied = tuple(zip(list(grid) + list(zipped), list(combo) + list(row), strict=True))
+            run_data = copy.deepcopy(base_data)
+            run_source = base_source.copy()
+            for key, value in varied:
+                section = "grid" if key in grid else "zip"
+                parts: KeyPath = tuple(key.split("."))
+                set_path(run_data, parts, copy.deepcopy(value), f"{file}: {section}.{key}")
+                run_source.overridden[parts] = source.location((section, key))
+            index = len(runs)
+            name = _render_name(name_template, run_data, varied, index, data["name"], source)
+            if name in names:
+                raise DsgenError(
+                    f"run names collide: {name!r} is produced by run {names[name]} and run {index}",
+                    path="name",
+                    location=source.location(("name",)),
+                    hint="include every varied key in the name template",
+                )
+            names[name] = index
+            runs.append(Run(index, name, varied, run_data, run_source))
+    return Sweep(str(file), tuple(runs), tuple(list(grid) + list(zipped)), base_dir)
+
+
+def _load_base(base: Any, file: Path, source: SourceMap) -> tuple[dict[str, Any], SourceMap, Path]:
+    if isinstance(base, dict):
+        inline = SourceMap(source.file, {k[1:]: v for k, v in source.lines.items() if k[:1] == ("base",)})
+        return base, inline, file.parent
+    base_file = file.parent / base
+    try:
+        text = base_file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise DsgenError(
+            f"cannot read base spec {base_file}: {exc.strerror}", path="base", location=source.location(("base",))
+        ) from None
+    data, base_source = load_yaml(text, str(base_file))
+    if not isinstance(data, dict):
+        raise DsgenError("the base spec must be a YAML mapping", location=base_source.location(()))
+    return data, base_source, base_file.parent
+
+
+def _check_keys(grid: dict[str, list[Any]], zipped: dict[str, list[Any]], source: SourceMap) -> None:
+    for section, block in (("grid", grid), ("zip", zipped)):
+        for key in block:
+            if not key or any(not part for part in key.split(".")):
+                raise DsgenError(
+                    f"{key!r} is not a key path like training.sequence_length",
+                    path=f"{section}.{key}",
+                    location=source.location((section, key)),
+                )
+    both = set(grid) & set(zipped)
+    if both:
+        key = sorted(both)[0]
+        raise DsgenError(
+            f"{key} is varied in both grid and zip", path=f"zip.{key}", location=source.location(("zip", key))
+        )
+    lengths = {key: len(values) for key, values in zipped.items()}
+    if len(set(lengths.values())) > 1:
+        detail = ", ".join(f"{k} has {n}" for k, n in lengths.items())
+        raise DsgenError(
+            f"zip lists must have the same length ({detail})", path="zip", location=source.location(("zip",))
+        )
+
+
+def _name_template(text: str, source: SourceMap) -> Any:
+    from jinja2 import StrictUndefined, TemplateSyntaxError
+    from jinja2.sandbox import SandboxedEnvironment
+
+    env = SandboxedEnvironment(undefined=StrictUndefined, autoescape=False)
+    try:
+        return env.from_string(text)
+    except TemplateSyntaxError as exc:
+        raise DsgenError(
+            f"invalid name template: {exc.message}", path="name", location=source.location(("name",))
+        ) from None
+
+
+def _render_name(
+    template: Any, data: dict[str, Any], varied: tuple[tuple[str, Any], ...], index: int, text: str, source: SourceMap
+) -> str:
+    from jinja2 import TemplateError
+
+    try:
+        name = template.render(**data, index=index, vars=dict(varied)).strip()
+    except TemplateError as exc:
+        raise DsgenError(
+            f"name template {text!r} failed for run {index}: {exc}", path="name", location=source.location(("name",))
+        ) from None
+    if not SAFE_NAME.fullmatch(name) or ".." in name:
+        raise DsgenError(
+            f"run {index} gets the unsafe directory name {show(name)}",
+            path="name",
+            location=source.location(("name",)),
+            hint="names may use letters, digits and . _ + = - only; no path separators, no '..'",
+        )
+    return name
+
+
+def run_one(sweep: Sweep, run: Run) -> Outcome:
+    """Solve, render and validate one run. Bad input in a run is an error for the whole sweep."""
+    spec = spec_from_data(copy.deepcopy(run.data), run.source.copy(), base_dir=sweep.base_dir)
+    result = solve(spec)
+    try:
+        best = require_feasible(result)
+    except InfeasibleError as exc:
+        return Outcome(run, "infeasible", result.best or result.closest, None, exc.message)
+    return Outcome(run, "ok", best, render(spec, best.plan, spec.output.target), None)
+
+
+def run_sweep(sweep: Sweep, progress: Callable[[Outcome], None] | None = None) -> Iterator[Outcome]:
+    """Outcomes of every run, in run order (each run solved independently)."""
+    for run in sweep.runs:
+        try:
+            outcome = run_one(sweep, run)
+        except DsgenError as exc:
+            described = ", ".join(f"{k}={show(v)}" for k, v in run.varied)
+            raise DsgenError(f"run {run.name!r} ({described}): {exc.render()}", exit_code=exc.exit_code) from None
+        if progress:
+            progress(outcome)
+        yield outcome
+
+
+def manifest_row(sweep: Sweep, outcome: Outcome, written: list[str]) -> dict[str, Any]:
+    """One manifest row: name, varied values, plan, predictions, status, files."""
+    e = outcome.evaluation
+    plan = e.plan if e else None
+    return {
+        "name": outcome.run.name,
+        "vars": dict(outcome.run.varied),
+        "status": outcome.status,
+        "reason": outcome.reason,
+        "precision": plan.precision if plan else None,
+        "zero_stage": plan.zero_stage if plan else None,
+        "offload_optimizer": plan.offload_optimizer if plan else None,
+        "offload_param": plan.offload_param if plan else None,
+        "activation_checkpointing": plan.activation_checkpointing if plan else None,
+        "micro_batch_size": plan.micro_batch_size if plan else None,
+        "gradient_accumulation_steps": plan.gradient_accumulation_steps if plan else None,
+        "data_parallel_size": plan.data_parallel_size if plan else None,
+        "global_batch_size": plan.global_batch_size if plan else None,
+        "gpu_memory_bytes": e.memory.gpu.total if e else None,
+        "host_memory_bytes": e.memory.cpu.total if e else None,
+        "step_time_s": round(e.step.total_s, 6) if e else None,
+        "tokens_per_s": round(e.tokens_per_s, 3) if e else None,
+        "files": written,
+    }
