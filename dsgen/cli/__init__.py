@@ -25,22 +25,13 @@ validate_cmd.register(app)
 
 
 def main() -> None:
-    """Console entry point: run the app, turning :class:`DsgenError` into a message and exit code."""
+    """Console entry point: run the app, turning :class:`DsgenError` into a message and exit code.
+
+    Usage errors (unknown option, missing argument) are reported by typer itself with exit code 2;
+    typer.Exit carries the command's own exit code.
+    """
     try:
-        code = app(standalone_mode=False)  # click returns typer.Exit's code instead of raising
+        app()
     except DsgenError as exc:
         print(f"error: {exc.render()}", file=sys.stderr)
         sys.exit(int(exc.exit_code))
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        print("aborted", file=sys.stderr)
-        sys.exit(130)
-    except Exception as exc:  # click usage errors arrive here with standalone_mode=False
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(2 if isinstance(exc, click.UsageError) else exc.exit_code)
-        raise
-    sys.exit(code if isinstance(code, int) else 0)

@@ -10,7 +10,7 @@ import typer
 
 from dsgen.errors import ExitCode
 
-SpecArg = Annotated[Path, typer.Argument(help="The spec YAML file.", show_default=False)]
+SpecArg = Annotated[Path, typer.Argument(help="The spec YAML file.", show_default=False, metavar="SPEC")]
 SetOpt = Annotated[
     list[str] | None,
     typer.Option("--set", "-s", help="Override a spec key, e.g. training.sequence_length=8192 (repeatable)."),
