@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dsgen.errors import DsgenError
+from dsgen.spec.schema_lite import LiteValidator
 from dsgen.spec.yaml_source import KeyPath, SourceMap, format_path
 
 _TYPE_WORDS = {
@@ -28,13 +29,9 @@ _TYPE_WORDS = {
 
 
 @cache
-def load_validator(schema_file: Path) -> Any:
-    """Compile a schema once per process (imports jsonschema only when first needed)."""
-    import jsonschema
-
-    schema = json.loads(schema_file.read_text(encoding="utf-8"))
-    cls = jsonschema.validators.validator_for(schema)
-    return cls(schema)
+def load_validator(schema_file: Path) -> LiteValidator:
+    """Load a schema once per process (see :mod:`dsgen.spec.schema_lite` for why not jsonschema)."""
+    return LiteValidator(json.loads(schema_file.read_text(encoding="utf-8")))
 
 
 def show(value: Any) -> str:
@@ -152,13 +149,14 @@ def _explain(error: Any, root: dict[str, Any]) -> tuple[KeyPath, str, str | None
 
 
 def _pick(errors: list[Any], source: SourceMap | None) -> Any:
-    """The error to report: the first in the file, deterministic across runs."""
+    """The error to report: the first in the file; at one place an unknown key beats a missing
+    one (it is usually its misspelling). Deterministic across runs."""
 
-    def order(e: Any) -> tuple[int, str]:
+    def order(e: Any) -> tuple[int, str, bool]:
         line = 0
         if source is not None:
             line = source.location(tuple(e.absolute_path)).line or 0
-        return (line, format_path(tuple(e.absolute_path)))
+        return (line, format_path(tuple(e.absolute_path)), e.validator != "additionalProperties")
 
     return min(errors, key=order)
 

@@ -1,0 +1,105 @@
+"""``dsgen validate`` (lint DeepSpeed JSON configs) and ``dsgen schema`` (print a shipped schema).
+
+Exit codes: 0 no errors (warnings allowed), 1 errors found, 2 bad input or usage (unreadable file,
+invalid JSON, bad option value). Every failure is a message on stderr, never a traceback. Heavy
+imports happen inside the commands so registering them costs nothing at CLI start-up.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dsgen.errors import ExitCode
+
+SCHEMA_NAMES = ("deepspeed", "spec", "sweep")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``validate`` and ``schema`` to the dsgen app."""
+    app.command("validate")(validate)
+    app.command("schema")(schema)
+
+
+def _fail(message: str) -> typer.Exit:
+    print(f"error: {message}", file=sys.stderr)
+    return typer.Exit(int(ExitCode.BAD_INPUT))
+
+
+def validate(
+    files: Annotated[
+        list[Path],
+        typer.Argument(
+            help="DeepSpeed config files (JSON; // and # comments and "
+            "trailing commas are accepted, as DeepSpeed does).",
+            show_default=False,
+        ),
+    ],
+    world_size: Annotated[
+        int | None, typer.Option("--world-size", help="Also check the batch keys for this many data-parallel ranks.")
+    ] = None,
+    target: Annotated[
+        str, typer.Option("--target", help='Launcher that fills "auto" values: deepspeed, hf-trainer or accelerate.')
+    ] = "deepspeed",
+    deepspeed_version: Annotated[
+        str, typer.Option("--deepspeed-version", help="DeepSpeed release to check against: 0.14, 0.16 or 0.19.")
+    ] = "0.19",
+    strict: Annotated[bool, typer.Option("--strict", help="Treat warnings (e.g. ignored keys) as errors.")] = False,
+    fmt: Annotated[str, typer.Option("--format", help="Output format: human, json or github.")] = "human",
+    as_json: Annotated[bool, typer.Option("--json", help="Same as --format json.")] = False,
+) -> None:
+    """Lint DeepSpeed configs: the full DeepSpeed schema plus the cross-field rules DeepSpeed misses."""
+    from dsgen.errors import DsgenError
+    from dsgen.validate import TARGETS, validate_file
+    from dsgen.validate.report import FORMATS, FileResult, render
+    from dsgen.validate.versions import normalize_version
+
+    fmt = "json" if as_json else fmt
+    if fmt not in FORMATS:
+        raise _fail(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if target not in TARGETS:
+        raise _fail(f"unknown --target {target!r}; choose one of {', '.join(TARGETS)}")
+    if world_size is not None and world_size < 1:
+        raise _fail(f"--world-size must be a positive integer, got {world_size}")
+    try:
+        version = normalize_version(deepspeed_version)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    if not files:
+        raise _fail("no config files given")
+
+    results: list[FileResult] = []
+    for path in files:
+        try:
+            report = validate_file(path, world_size=world_size, target=target, deepspeed_version=version, strict=strict)
+        except DsgenError as exc:
+            text = exc.message + (f"\n    hint: {exc.hint}" if exc.hint else "")
+            results.append(FileResult(str(path), error=text, error_line=getattr(exc, "line", None)))
+        else:
+            results.append(FileResult(str(path), report=report))
+
+    output = render(results, fmt)
+    if output:
+        typer.echo(output)
+    if any(r.error is not None for r in results):
+        raise typer.Exit(int(ExitCode.BAD_INPUT))
+    if any(not r.report.ok for r in results if r.report is not None):
+        raise typer.Exit(int(ExitCode.FINDINGS))
+
+
+def schema(
+    name: Annotated[str, typer.Argument(help="Which schema: deepspeed, spec or sweep.")] = "deepspeed",
+) -> None:
+    """Print a JSON Schema shipped with dsgen (for editors and other tools)."""
+    from dsgen.resources import schema_path
+
+    if name not in SCHEMA_NAMES:
+        raise _fail(f"unknown schema {name!r}; choose one of {', '.join(SCHEMA_NAMES)}")
+    try:
+        text = schema_path(name).read_text(encoding="utf-8")
+    except (OSError, FileNotFoundError):
+        raise _fail(f"the {name} schema is not available in this installation") from None
+    typer.echo(text, nl=not text.endswith("\n"))

@@ -1,0 +1,21 @@
+"""``dsgen validate``: a linter for DeepSpeed JSON configs.
+
+It checks a config against the full DeepSpeed 0.19.8 schema (``schemas/deepspeed.schema.json``)
+and against the cross-field rules DeepSpeed enforces at config time, at engine start, or not at
+all (see ``docs/validation.md``). Public API::
+
+    from dsgen.validate import validate_config, validate_file, Finding, Report
+
+Importing this package is cheap (standard library only, schema loaded on first use), because
+``dsgen new`` validates what it writes.
+"""
+
+from __future__ import annotations
+
+from dsgen.validate.findings import Finding, Report
+from dsgen.validate.rules import RULES
+from dsgen.validate.targets import TARGETS
+from dsgen.validate.validator import validate_config, validate_file
+from dsgen.validate.versions import SUPPORTED as SUPPORTED_VERSIONS
+
+__all__ = ["RULES", "SUPPORTED_VERSIONS", "TARGETS", "Finding", "Report", "validate_config", "validate_file"]

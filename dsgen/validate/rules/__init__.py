@@ -1,0 +1,24 @@
+"""Cross-field rules. Importing this package registers every rule in :data:`RULES`."""
+
+from __future__ import annotations
+
+from functools import cache
+
+from dsgen.validate.rules import batch, keys, misc, optimizer, parallel, precision, zero  # noqa: F401
+from dsgen.validate.rules.context import Context
+from dsgen.validate.rules.registry import CHECKS, RULES, Check, RuleInfo
+from dsgen.validate.versions import profile
+
+__all__ = ["RULES", "Context", "RuleInfo", "run_rules"]
+
+
+@cache
+def _checks_for(version: str) -> tuple[Check, ...]:
+    prof = profile(version)
+    return tuple(check for info, check in CHECKS if prof.at_least(info.since))
+
+
+def run_rules(ctx: Context) -> None:
+    """Run every check that applies to the context's DeepSpeed version."""
+    for check in _checks_for(ctx.profile.version):
+        check(ctx)

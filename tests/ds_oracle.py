@@ -1,0 +1,275 @@
+"""Real DeepSpeed as the test oracle for dsgen's rendered configs.
+
+dsgen's own validator encodes what we *believe* DeepSpeed accepts; these helpers ask DeepSpeed
+itself, so a test can prove a rendered config is accepted (or rejected) by the pinned version:
+
+* :func:`parse_with_deepspeed` / :func:`deepspeed_verdict` - in-process and cheap (milliseconds
+  after a one-off ~3 s import): builds ``deepspeed.runtime.config.DeepSpeedConfig`` exactly as
+  ``deepspeed.initialize`` would on a job with ``dp_size`` data-parallel ranks. This covers the
+  removed-key checks, the pydantic sections (unknown keys, types) and the batch arithmetic, which
+  depends on the data-parallel world size - hence the simulated world size.
+* :func:`train_steps` - out-of-process and slow (seconds per run, plus a one-off JIT build of
+  DeepSpeed's CPU ops): launches ``tests/ds_train_worker.py`` under ``torchrun`` on DeepSpeed's
+  CPU accelerator and runs real optimizer steps. This catches what only engine construction and
+  training reveal (ZeRO stage x precision x optimizer x offload combinations).
+
+This is a support module, not a test file; ``deepspeed`` and ``transformers`` are imported
+lazily so that collecting the test suite stays fast and works without them installed (tests
+guard themselves with ``conftest.require_module``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+WORKER = Path(__file__).resolve().parent / "ds_train_worker.py"
+
+# Keep in sync with ds_train_worker.STEP_PREFIX / DONE_PREFIX (the worker is not importable
+# here without importing torch, which would defeat the lazy imports).
+_STEP_RE = re.compile(r"DSGEN_STEP step=(\d+) loss=(\S+)")
+_DONE_RE = re.compile(r"DSGEN_DONE (.*)$", re.MULTILINE)
+
+# Serialises the monkeypatching of deepspeed.comm: the patch is process-global, so two threads
+# parsing with different dp sizes at once would otherwise see each other's world size.
+_PATCH_LOCK = threading.Lock()
+
+
+@functools.cache
+def _deepspeed_config_module() -> ModuleType:
+    """Import ``deepspeed.runtime.config`` once per process (the import costs ~3 s).
+
+    ``DS_ACCELERATOR`` is pinned to ``cpu`` first (unless the caller already chose one, or
+    DeepSpeed was imported earlier) so the in-process parse sees the same accelerator as CI and
+    as the training worker, even on a developer machine that has a GPU.
+    """
+    if "deepspeed" not in sys.modules:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed.runtime.config as ds_config
+
+    return ds_config
+
+
+@contextlib.contextmanager
+def _simulated_world(world_size: int, rank: int = 0) -> Iterator[None]:
+    """Make DeepSpeed's comm layer report ``world_size``/``rank`` for the duration.
+
+    ``DeepSpeedConfig.__init__`` asks ``deepspeed.comm`` for the world size to derive and check
+    the batch triple; without an initialised process group it silently falls back to 1, which
+    would make every multi-rank batch check wrong. Patching the module ``DeepSpeedConfig`` itself
+    calls (``deepspeed.runtime.config.dist``) works whether or not torch.distributed is
+    initialised, and needs no process group at all.
+    """
+    dist = _deepspeed_config_module().dist
+    with _PATCH_LOCK:
+        saved = dist.get_world_size, dist.get_rank
+        dist.get_world_size = lambda group=None: world_size
+        dist.get_rank = lambda group=None: rank
+        try:
+            yield
+        finally:
+            dist.get_world_size, dist.get_rank = saved
+
+
+def parse_with_deepspeed(config: dict[str, Any], dp_size: int, *, world_size: int | None = None) -> Any:
+    """Construct ``DeepSpeedConfig(config)`` as a job with ``dp_size`` data-parallel ranks sees it.
+
+    Raises whatever DeepSpeed raises (``AssertionError`` for the batch triple, pydantic's
+    ``ValidationError`` for bad keys/types, ``DeepSpeedConfigError`` for removed keys, ...).
+    Returns the ``DeepSpeedConfig`` so a test can also check what DeepSpeed derived (e.g.
+    ``.gradient_accumulation_steps``).
+
+    Without an ``mpu``, DeepSpeed takes the data-parallel size to be
+    ``world / sequence_parallel_size`` when the config has ``sequence_parallel_size`` and the
+    whole world otherwise (reference §5.3), so the simulated world is ``dp_size * sp``.
+    ``world_size`` overrides that for cases where DeepSpeed's own derivation is what is under
+    test (e.g. AutoTP, where DeepSpeed sees the full world, not world / tp).
+
+    The caller's dict is deep-copied first: DeepSpeed keeps and may normalise the dict it gets.
+    """
+    if dp_size < 1:
+        raise ValueError(f"dp_size must be >= 1, got {dp_size}")
+    if world_size is None:
+        sp = config.get("sequence_parallel_size")
+        # Anything but a positive int is DeepSpeed's to reject, with the plain dp world.
+        world_size = dp_size * sp if isinstance(sp, int) and not isinstance(sp, bool) and sp > 0 else dp_size
+    ds_config = _deepspeed_config_module()
+    with _simulated_world(world_size):
+        return ds_config.DeepSpeedConfig(copy.deepcopy(config))
+
+
+def deepspeed_verdict(config: dict[str, Any], dp_size: int) -> tuple[bool, str]:
+    """``(accepted, error text)`` from :func:`parse_with_deepspeed`; error text is ``""`` if accepted.
+
+    For property tests that compare dsgen's validator with DeepSpeed's verdict. The text is
+    ``"<ExceptionType>: <message>"`` so a mismatch report says what DeepSpeed objected to. Only
+    exceptions from DeepSpeed's parse are caught: failing to import DeepSpeed is not a verdict.
+    """
+    _deepspeed_config_module()  # outside the try: an ImportError is not a verdict
+    try:
+        parse_with_deepspeed(config, dp_size)
+    except Exception as exc:  # DeepSpeed raises many unrelated types; all mean "rejected"
+        return False, f"{type(exc).__name__}: {exc}"
+    return True, ""
+
+
+@dataclass
+class TrainResult:
+    """Outcome of one :func:`train_steps` run.
+
+    ``log`` is the combined stdout+stderr of torchrun and every rank, so an assertion message
+    built from it shows DeepSpeed's own traceback. ``info`` holds the worker's final report
+    (optimizer class, parameter dtype, ZeRO stage, ...) so tests can check DeepSpeed ran the
+    code path the config asked for, not just that it did not crash.
+    """
+
+    returncode: int
+    losses: list[float]
+    log: str
+    info: dict[str, str] = field(default_factory=dict)
+    duration_s: float = 0.0
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """Exited 0 and every reported loss is finite."""
+        return self.returncode == 0 and all(math.isfinite(x) for x in self.losses)
+
+    def describe(self) -> str:
+        """One-line summary plus the full log, for assertion messages."""
+        head = (
+            f"returncode={self.returncode} timed_out={self.timed_out} losses={self.losses} "
+            f"info={self.info} duration={self.duration_s:.1f}s"
+        )
+        return f"{head}\n--- torchrun log ---\n{self.log}"
+
+
+def _parse_losses(log: str) -> list[float]:
+    by_step = {int(m.group(1)): float(m.group(2)) for m in _STEP_RE.finditer(log)}
+    return [by_step[k] for k in sorted(by_step)]
+
+
+def _parse_info(log: str) -> dict[str, str]:
+    match = _DONE_RE.search(log)
+    if not match:
+        return {}
+    return dict(item.split("=", 1) for item in match.group(1).split() if "=" in item)
+
+
+def _worker_env() -> dict[str, str]:
+    """Environment for torchrun and its ranks.
+
+    * ``DS_ACCELERATOR=cpu``: the oracle always exercises the CPU code paths CI has.
+    * this interpreter's ``bin`` first on ``PATH``: DeepSpeed JIT-builds its CPU ops with the
+      ``ninja`` found on PATH, and the pip ``ninja`` (a DeepSpeed dependency) lives there. It also
+      keeps the build cache valid: ninja 1.13 (pip) and older system ninjas hash build commands
+      differently, so alternating between them rebuilds every op (~1 min each) every time.
+    * ``OMP_NUM_THREADS=1``: what torchrun would pick anyway; set explicitly to skip its banner.
+    * offline Hugging Face: the tiny model is built from a config; nothing may be downloaded.
+    """
+    env = dict(os.environ)
+    env.update(
+        DS_ACCELERATOR="cpu",
+        PYTHONUNBUFFERED="1",
+        OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_VERBOSITY="error",
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+    )
+    # A test run inside another distributed job must not make torchrun join it.
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return env
+
+
+def train_steps(
+    config: dict[str, Any],
+    *,
+    tmp_path: Path,
+    ranks: int = 2,
+    steps: int = 2,
+    model: str = "tiny-llama",
+    timeout: float = 600,
+    checkpointing: bool = False,
+    seq_len: int = 32,
+) -> TrainResult:
+    """Train ``model`` for ``steps`` optimizer steps with ``config`` on ``ranks`` CPU processes.
+
+    The config's batch keys must be for ``ranks`` data-parallel ranks
+    (``train_batch_size == micro * accumulation * ranks``); the worker runs
+    ``gradient_accumulation_steps`` micro-batches per step, as DeepSpeed counts them.
+    ``checkpointing`` turns on HF activation checkpointing in the model, as a plan with
+    activation checkpointing would (DeepSpeed's own ``activation_checkpointing`` config section
+    only affects ``deepspeed.checkpointing`` users, so the config alone cannot express it).
+
+    Never raises for a failed run: the returned :class:`TrainResult` carries the return code and
+    the full log. On timeout the whole process group is killed and ``timed_out`` is set.
+    """
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    config_path = tmp_path / "ds_config.json"
+    config_path.write_text(json.dumps(config, indent=2))
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={ranks}",
+        str(WORKER),
+        "--config",
+        str(config_path),
+        "--steps",
+        str(steps),
+        "--model",
+        model,
+        "--seq-len",
+        str(seq_len),
+    ]
+    if checkpointing:
+        cmd.append("--activation-checkpointing")
+
+    start = time.monotonic()
+    # Own session/process group, so a timeout can kill torchrun *and* every rank it spawned.
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,  # anything DeepSpeed writes relative to cwd lands in the test's tmp dir
+        env=_worker_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
+    timed_out = False
+    try:
+        log, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        log, _ = proc.communicate()
+        log += f"\n[ds_oracle] killed after {timeout:.0f}s timeout\n"
+    duration = time.monotonic() - start
+    (tmp_path / "train.log").write_text(log)
+    return TrainResult(
+        returncode=proc.returncode,
+        losses=_parse_losses(log),
+        log=log,
+        info=_parse_info(log),
+        duration_s=duration,
+        timed_out=timed_out,
+    )
