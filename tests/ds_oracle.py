@@ -45,6 +45,19 @@ WORKER = Path(__file__).resolve().parent / "ds_train_worker.py"
 _STEP_RE = re.compile(r"DSGEN_STEP step=(\d+) loss=(\S+)")
 _DONE_RE = re.compile(r"DSGEN_DONE (.*)$", re.MULTILINE)
 
+# Loads (JIT-building on first use) DeepSpeed CPU ops by builder class name, as the worker would.
+_PREBUILD_PROGRAM = """
+import sys
+from deepspeed.accelerator import get_accelerator
+for name in sys.argv[1:]:
+    builder = get_accelerator().create_op_builder(name)
+    if builder is not None and builder.is_compatible(verbose=False):
+        builder.load(verbose=False)
+        print(f"built {name}", flush=True)
+"""
+_BUILT_OPS: set[str] = set()
+_BUILD_LOCK = threading.Lock()
+
 # Serialises the monkeypatching of deepspeed.comm: the patch is process-global, so two threads
 # parsing with different dp sizes at once would otherwise see each other's world size.
 _PATCH_LOCK = threading.Lock()
@@ -144,6 +157,7 @@ class TrainResult:
     info: dict[str, str] = field(default_factory=dict)
     duration_s: float = 0.0
     timed_out: bool = False
+    build_s: float = 0.0  # time spent JIT-building DeepSpeed ops before the run (0 when cached)
 
     @property
     def ok(self) -> bool:
@@ -154,7 +168,7 @@ class TrainResult:
         """One-line summary plus the full log, for assertion messages."""
         head = (
             f"returncode={self.returncode} timed_out={self.timed_out} losses={self.losses} "
-            f"info={self.info} duration={self.duration_s:.1f}s"
+            f"info={self.info} duration={self.duration_s:.1f}s build={self.build_s:.1f}s"
         )
         return f"{head}\n--- torchrun log ---\n{self.log}"
 
@@ -197,6 +211,59 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
+def _ops_for(config: dict[str, Any]) -> list[str]:
+    """The DeepSpeed CPU op builders a training run with ``config`` will load (best effort).
+
+    Every CPU run loads the shared-memory comm op (``TorchBackend``); Adam/AdamW use the CPU
+    ``FusedAdam`` op, or ``DeepSpeedCPUAdam`` with optimizer offload. A miss only costs speed:
+    the worker JIT-builds anything not built here, within the run's own timeout.
+    """
+    ops = ["ShareMemCommBuilder"]
+    zero = config.get("zero_optimization")
+    offload = isinstance(zero, dict) and isinstance(zero.get("offload_optimizer"), dict)
+    offload = offload and zero["offload_optimizer"].get("device") in ("cpu", "nvme")
+    optimizer = config.get("optimizer")
+    kind = str(optimizer.get("type", "")).lower() if isinstance(optimizer, dict) else ""
+    if kind in ("adam", "adamw"):
+        ops.append("CPUAdamBuilder" if offload else "FusedAdamBuilder")
+    return ops
+
+
+def prebuild_ops(ops: list[str], *, timeout: float = 1800) -> tuple[float, str]:
+    """JIT-build DeepSpeed CPU ops once per process, outside any training run's timeout.
+
+    The first build of each op takes about a minute on two idle cores (several when the machine
+    is busy) and the ranks of a run wait for it, so without this the first training test's
+    timeout would have to cover compilation. It runs in a subprocess with the same environment
+    as the worker (same ``ninja``, same flags), so the worker then finds the ops in the torch
+    extensions cache. Returns ``(seconds spent, log)``; failures are not raised - the training run
+    that follows meets the same build error and reports it with DeepSpeed's context.
+    """
+    with _BUILD_LOCK:
+        missing = [op for op in ops if op not in _BUILT_OPS]
+        if not missing:
+            return 0.0, ""
+        start = time.monotonic()
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-c", _PREBUILD_PROGRAM, *missing],
+                env=_worker_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            out = exc.output if isinstance(exc.output, str) else ""
+            return time.monotonic() - start, f"[ds_oracle] op prebuild timed out after {timeout:.0f}s\n{out}"
+        if proc.returncode == 0:
+            _BUILT_OPS.update(missing)
+            return time.monotonic() - start, ""
+        return time.monotonic() - start, f"[ds_oracle] op prebuild failed ({proc.returncode}):\n{proc.stdout}"
+
+
 def train_steps(
     config: dict[str, Any],
     *,
@@ -219,7 +286,10 @@ def train_steps(
 
     Never raises for a failed run: the returned :class:`TrainResult` carries the return code and
     the full log. On timeout the whole process group is killed and ``timed_out`` is set.
+    ``timeout`` covers the run only: the DeepSpeed ops it needs are built first by
+    :func:`prebuild_ops` (once per process, with its own timeout; ``build_s`` says how long).
     """
+    build_s, build_log = prebuild_ops(_ops_for(config))
     tmp_path.mkdir(parents=True, exist_ok=True)
     config_path = tmp_path / "ds_config.json"
     config_path.write_text(json.dumps(config, indent=2))
@@ -264,6 +334,7 @@ def train_steps(
         log, _ = proc.communicate()
         log += f"\n[ds_oracle] killed after {timeout:.0f}s timeout\n"
     duration = time.monotonic() - start
+    log = build_log + log
     (tmp_path / "train.log").write_text(log)
     return TrainResult(
         returncode=proc.returncode,
@@ -272,4 +343,5 @@ def train_steps(
         info=_parse_info(log),
         duration_s=duration,
         timed_out=timed_out,
+        build_s=build_s,
     )

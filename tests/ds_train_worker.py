@@ -1,0 +1,226 @@
+"""torchrun worker: train a tiny Llama for a few optimizer steps under a given DeepSpeed config.
+
+Launched by :func:`tests.ds_oracle.train_steps`, one process per rank, on DeepSpeed's CPU
+accelerator with the gloo backend. It is the end-to-end half of the oracle: parsing a config
+with ``DeepSpeedConfig`` proves the keys and the batch arithmetic are accepted, but only
+``deepspeed.initialize`` plus real ``backward``/``step`` calls prove that the ZeRO stage, the
+precision, the optimizer block and the offload settings actually work together.
+
+The worker mirrors what HF Trainer does with a config (``zero.Init`` for ZeRO-3, the optimizer
+built by DeepSpeed from the config's ``optimizer`` block, the model cast by DeepSpeed rather than
+by us) so that a config accepted here is accepted for the reason a user's run would accept it.
+
+Output protocol (rank 0 only, one line each, parsed by ``ds_oracle``)::
+
+    DSGEN_STEP step=<n> loss=<float>
+    DSGEN_DONE key=value key=value ...
+
+Exit status: 0 on success; 3 if a loss is not finite or the engine did not take the expected
+number of optimizer steps; 4 if the config asks for something the CPU accelerator cannot do
+(fp16); anything else is an uncaught exception, normally DeepSpeed refusing the config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+# Must be set before deepspeed is imported: the accelerator is chosen at import time, and on a
+# machine with a GPU (a developer laptop) the oracle must still run the CPU code paths CI runs.
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+STEP_PREFIX = "DSGEN_STEP"
+DONE_PREFIX = "DSGEN_DONE"
+EXIT_BAD_TRAINING = 3
+EXIT_UNSUPPORTED = 4
+
+# Tiny on purpose: the oracle checks that DeepSpeed accepts and runs the config, not that the
+# model learns. 2 layers x hidden 64 keeps a step at tens of milliseconds on two CPU cores while
+# still having every module kind (embeddings, attention, MLP, norms, untied LM head) that ZeRO
+# partitions and that activation checkpointing wraps.
+TINY_MODELS: dict[str, dict[str, Any]] = {
+    "tiny-llama": {
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "tie_word_embeddings": False,
+    },
+}
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, required=True, help="DeepSpeed JSON config file")
+    parser.add_argument("--steps", type=int, default=2, help="optimizer steps to run")
+    parser.add_argument("--model", choices=sorted(TINY_MODELS), default="tiny-llama")
+    parser.add_argument("--seq-len", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument(
+        "--activation-checkpointing",
+        action="store_true",
+        help="enable HF activation (gradient) checkpointing on the model, as Trainer does",
+    )
+    return parser.parse_args(argv)
+
+
+def _zero_stage(config: dict[str, Any]) -> int:
+    """The ZeRO stage as DeepSpeed reads it (e.g. ``"auto"`` silently means 0, ``"3"`` means 3)."""
+    from deepspeed.runtime.zero.config import get_zero_config
+
+    return int(get_zero_config(config).stage)
+
+
+def _import_model_classes() -> tuple[type, type]:
+    """Import the model classes up front, outside any ``zero.Init`` context.
+
+    ``zero.Init`` patches ``torch.Tensor.__new__``; transformers imports lazily and its modeling
+    modules pull in ``torch._dynamo``, whose import-time signature check of ``Tensor.__new__``
+    then fails (TypeError "Signature mismatch ... tensor_pynew"). Real HF code has always imported
+    transformers before entering ``zero.Init``, so importing first is faithful, not a workaround.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaConfig, LlamaForCausalLM
+
+
+def _build_model(name: str, seq_len: int, activation_checkpointing: bool) -> torch.nn.Module:
+    LlamaConfig, LlamaForCausalLM = _import_model_classes()
+    cfg = LlamaConfig(**TINY_MODELS[name], max_position_embeddings=max(seq_len, 64), use_cache=False)
+    model = LlamaForCausalLM(cfg)
+    if activation_checkpointing:
+        # transformers 5 renamed the API and deprecated the old name; 4.x only has the old one.
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        (enable or model.gradient_checkpointing_enable)()
+        if not any(getattr(m, "gradient_checkpointing", False) for m in model.modules()):
+            raise RuntimeError("activation checkpointing was requested but no module has it enabled")
+    model.train()
+    return model
+
+
+def _micro_batch(
+    gen: torch.Generator, micro: int, seq_len: int, vocab: int, device: torch.device
+) -> dict[str, torch.Tensor]:
+    import torch
+
+    ids = torch.randint(0, vocab, (micro, seq_len), generator=gen)
+    return {"input_ids": ids.to(device), "labels": ids.to(device)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()
+    args = _parse_args(argv)
+    config: dict[str, Any] = json.loads(args.config.read_text())
+
+    # DeepSpeed's own parser decides whether fp16 is on ("auto", "yes", 1 ... as pydantic reads them).
+    from deepspeed.runtime.precision_config import get_float16_config
+
+    if get_float16_config(config).enabled:
+        # DeepSpeed itself refuses fp16 on CPUs without oneDNN fp16 kernels ("ValueError: Type
+        # fp16 is not supported on your device.", engine._do_sanity_check) and would try it on
+        # AVX512-FP16/AMX CPUs. Refusing up front keeps the oracle's answer the same on every CI
+        # machine and says why, before any process group or model is set up.
+        print(
+            "ds_train_worker: fp16.enabled is true, but the CPU oracle cannot train in fp16 "
+            "(DeepSpeed's CPU accelerator has no general fp16 training support); check fp16 "
+            "configs with ds_oracle.parse_with_deepspeed only.",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_UNSUPPORTED
+
+    import deepspeed
+    import torch
+    from deepspeed import comm as dist
+
+    _import_model_classes()
+    imported = time.monotonic()
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(args.seed)  # same initial weights on every rank, as with a loaded checkpoint
+
+    stage = _zero_stage(config)
+    if stage == 3:
+        # As HF does for ZeRO-3: build the model inside zero.Init so parameters are partitioned
+        # (and cast to the config's dtype) at construction instead of being materialised whole.
+        with deepspeed.zero.Init(config_dict_or_path=config):
+            model = _build_model(args.model, args.seq_len, args.activation_checkpointing)
+    else:
+        model = _build_model(args.model, args.seq_len, args.activation_checkpointing)
+
+    engine, _, _, _ = deepspeed.initialize(
+        model=model,
+        model_parameters=[p for p in model.parameters() if p.requires_grad],
+        config=str(args.config),
+    )
+
+    initialised = time.monotonic()
+    micro = engine.train_micro_batch_size_per_gpu()
+    accumulation = engine.gradient_accumulation_steps()
+    vocab = TINY_MODELS[args.model]["vocab_size"]
+    # Different data per rank (as a DistributedSampler gives), reproducible across runs.
+    gen = torch.Generator().manual_seed(args.seed + 1000 * rank)
+
+    for step in range(1, args.steps + 1):
+        losses: list[float] = []
+        for _ in range(accumulation):
+            batch = _micro_batch(gen, micro, args.seq_len, vocab, engine.device)
+            loss = engine(**batch).loss
+            engine.backward(loss)
+            engine.step()  # only steps the optimizer at the accumulation boundary
+            losses.append(float(loss.detach().float()))
+        mean = sum(losses) / len(losses)
+        if rank == 0:
+            print(f"{STEP_PREFIX} step={step} loss={mean!r}", flush=True)
+        if not all(math.isfinite(x) for x in losses):
+            print(f"ds_train_worker: rank {rank} step {step}: non-finite loss {losses}", file=sys.stderr)
+            return EXIT_BAD_TRAINING
+
+    trained = time.monotonic()
+    if engine.global_steps != args.steps:
+        print(
+            f"ds_train_worker: rank {rank}: engine.global_steps={engine.global_steps}, "
+            f"expected {args.steps} (gradient accumulation boundary not reached?)",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_TRAINING
+
+    if rank == 0:
+        optimizer = getattr(engine, "basic_optimizer", None) or engine.optimizer
+        info = {
+            "world_size": dist.get_world_size(),
+            "dp_world_size": engine.dp_world_size,
+            "zero_stage": engine.zero_optimization_stage(),
+            "param_dtype": str(next(engine.module.parameters()).dtype).removeprefix("torch."),
+            "optimizer": type(optimizer).__name__,
+            "wrapper": type(engine.optimizer).__name__,
+            "micro_batch": micro,
+            "accumulation": accumulation,
+            "train_batch_size": engine.train_batch_size(),
+            "global_steps": engine.global_steps,
+            "skipped_steps": engine.skipped_steps,
+            "activation_checkpointing": args.activation_checkpointing,
+            # Where a run's wall time goes, to keep the oracle's cost visible (rank 0's clock).
+            "import_s": f"{imported - started:.1f}",
+            "init_s": f"{initialised - imported:.1f}",
+            "train_s": f"{trained - initialised:.1f}",
+        }
+        print(DONE_PREFIX + " " + " ".join(f"{k}={v}" for k, v in info.items()), flush=True)
+
+    dist.barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
