@@ -99,43 +99,56 @@ def _simulated_world(world_size: int, rank: int = 0) -> Iterator[None]:
             dist.get_world_size, dist.get_rank = saved
 
 
+def _world_for(config: dict[str, Any], dp_size: int, world_size: int | None) -> int:
+    """The world size under which DeepSpeed computes ``dp_size`` data-parallel ranks for ``config``.
+
+    Without an ``mpu``, DeepSpeed takes the data-parallel size to be
+    ``world / sequence_parallel_size`` when the config has ``sequence_parallel_size`` and the
+    whole world otherwise (reference §5.3), so the simulated world is ``dp_size * sp``.
+    """
+    if dp_size < 1:
+        raise ValueError(f"dp_size must be >= 1, got {dp_size}")
+    if world_size is not None:
+        return world_size
+    sp = config.get("sequence_parallel_size")
+    # Anything but a positive int is DeepSpeed's to reject, with the plain dp world.
+    return dp_size * sp if isinstance(sp, int) and not isinstance(sp, bool) and sp > 0 else dp_size
+
+
 def parse_with_deepspeed(config: dict[str, Any], dp_size: int, *, world_size: int | None = None) -> Any:
     """Construct ``DeepSpeedConfig(config)`` as a job with ``dp_size`` data-parallel ranks sees it.
 
     Raises whatever DeepSpeed raises (``AssertionError`` for the batch triple, pydantic's
     ``ValidationError`` for bad keys/types, ``DeepSpeedConfigError`` for removed keys, ...).
     Returns the ``DeepSpeedConfig`` so a test can also check what DeepSpeed derived (e.g.
-    ``.gradient_accumulation_steps``).
+    ``.gradient_accumulation_steps``, ``.world_size``).
 
-    Without an ``mpu``, DeepSpeed takes the data-parallel size to be
-    ``world / sequence_parallel_size`` when the config has ``sequence_parallel_size`` and the
-    whole world otherwise (reference §5.3), so the simulated world is ``dp_size * sp``.
-    ``world_size`` overrides that for cases where DeepSpeed's own derivation is what is under
-    test (e.g. AutoTP, where DeepSpeed sees the full world, not world / tp).
+    ``world_size`` overrides the simulated world (by default ``dp_size``, times
+    ``sequence_parallel_size`` if the config has one) for cases where DeepSpeed's own derivation
+    is under test, e.g. AutoTP, where ``DeepSpeedConfig`` sees the full world, not world / tp.
 
-    The caller's dict is deep-copied first: DeepSpeed keeps and may normalise the dict it gets.
+    The caller's dict is deep-copied first: DeepSpeed keeps the dict it gets and its sections
+    may normalise it; the caller's config must stay what dsgen rendered.
     """
-    if dp_size < 1:
-        raise ValueError(f"dp_size must be >= 1, got {dp_size}")
-    if world_size is None:
-        sp = config.get("sequence_parallel_size")
-        # Anything but a positive int is DeepSpeed's to reject, with the plain dp world.
-        world_size = dp_size * sp if isinstance(sp, int) and not isinstance(sp, bool) and sp > 0 else dp_size
+    world = _world_for(config, dp_size, world_size)
     ds_config = _deepspeed_config_module()
-    with _simulated_world(world_size):
+    with _simulated_world(world):
         return ds_config.DeepSpeedConfig(copy.deepcopy(config))
 
 
-def deepspeed_verdict(config: dict[str, Any], dp_size: int) -> tuple[bool, str]:
+def deepspeed_verdict(config: dict[str, Any], dp_size: int, *, world_size: int | None = None) -> tuple[bool, str]:
     """``(accepted, error text)`` from :func:`parse_with_deepspeed`; error text is ``""`` if accepted.
 
     For property tests that compare dsgen's validator with DeepSpeed's verdict. The text is
     ``"<ExceptionType>: <message>"`` so a mismatch report says what DeepSpeed objected to. Only
-    exceptions from DeepSpeed's parse are caught: failing to import DeepSpeed is not a verdict.
+    exceptions from DeepSpeed's parse are caught: a bad ``dp_size`` or failing to import
+    DeepSpeed is a harness error, not a verdict.
     """
-    _deepspeed_config_module()  # outside the try: an ImportError is not a verdict
+    world = _world_for(config, dp_size, world_size)
+    ds_config = _deepspeed_config_module()
     try:
-        parse_with_deepspeed(config, dp_size)
+        with _simulated_world(world):
+            ds_config.DeepSpeedConfig(copy.deepcopy(config))
     except Exception as exc:  # DeepSpeed raises many unrelated types; all mean "rejected"
         return False, f"{type(exc).__name__}: {exc}"
     return True, ""
