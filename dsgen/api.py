@@ -22,9 +22,10 @@ def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
     return _load_spec(path, overrides)
 
 
-def solve_spec(spec: Spec) -> SolveResult:
-    """Search the plan space; the result ranks every feasible plan."""
-    return solve(spec)
+def solve_spec(spec: Spec, accounting: str = "dsgen") -> SolveResult:
+    """Search the plan space; the result ranks every feasible plan. ``accounting`` is ``dsgen``
+    (default) or ``deepspeed-estimator`` (DeepSpeed's own model-state estimator)."""
+    return solve(spec, accounting)
 
 
 def render_plan(spec: Spec, plan: Plan, target: str | None = None) -> Rendered:
@@ -32,9 +33,11 @@ def render_plan(spec: Spec, plan: Plan, target: str | None = None) -> Rendered:
     return render(spec, plan, target or spec.output.target)
 
 
-def build_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> tuple[SolveResult, Rendered]:
+def build_config(
+    path: str | Path, overrides: list[str] | tuple[str, ...] = (), accounting: str = "dsgen"
+) -> tuple[SolveResult, Rendered]:
     """Load, solve (raising InfeasibleError, exit 3, when nothing fits) and render in one call."""
     spec = load_spec(path, overrides)
-    result = solve_spec(spec)
+    result = solve_spec(spec, accounting)
     best = require_feasible(result)
     return result, render_plan(spec, best.plan)

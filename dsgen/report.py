@@ -8,6 +8,7 @@ from dsgen.plan import Plan
 from dsgen.solver import GIB, Evaluation, SolveResult, gib
 from dsgen.spec.types import Spec
 
+PHASE_LABELS = {"forward_backward": "forward/backward", "optimizer_step": "the optimizer step"}
 GPU_TERMS = ("parameters", "gradients", "optimizer_states", "activations", "buffers", "transient", "overhead")
 
 
@@ -29,8 +30,20 @@ def memory_dict(e: Evaluation) -> dict[str, Any]:
     gpu = e.memory.gpu
     gpu_terms: dict[str, int] = {term: int(getattr(gpu, term)) for term in GPU_TERMS}
     return {
-        "gpu": {**gpu_terms, "total": gpu.total, "capacity": gpu.capacity, "usable": e.usable_gpu_bytes},
-        "cpu": {"total": e.memory.cpu.total, "capacity": e.memory.cpu.capacity, "usable": e.usable_cpu_bytes},
+        "gpu": {
+            **gpu_terms,
+            "total": gpu.total,
+            "capacity": gpu.capacity,
+            "usable": e.usable_gpu_bytes,
+            "peak_phase": gpu.peak_phase,
+            "phases": {"forward_backward": gpu.forward_backward, "optimizer_step": gpu.optimizer_step},
+        },
+        "cpu": {
+            "total": e.memory.cpu.total,
+            "capacity": e.memory.cpu.capacity,
+            "usable": e.usable_cpu_bytes,
+            "model_states": e.memory.cpu.offloaded_states,
+        },
         "nvme": {"total": e.memory.nvme.total, "capacity": e.memory.nvme.capacity},
     }
 
@@ -83,6 +96,7 @@ def result_dict(result: SolveResult) -> dict[str, Any]:
         "world_size": spec.hardware.world_size,
     }
     body["candidates_evaluated"] = result.candidates_evaluated
+    body["accounting"] = result.accounting
     body["notes"] = [result.batch_note] if result.batch_note else []
     return body
 
@@ -189,8 +203,12 @@ def human_summary(result: SolveResult) -> str:
         lines.append(f"  {term:<17} {gib(value):>11}  {_bar(value, e.usable_gpu_bytes)}")
     total = e.memory.gpu.total
     lines.append(
-        f"  {'total':<17} {gib(total):>11}  {_bar(total, e.usable_gpu_bytes)}  "
-        f"{100 * total / e.usable_gpu_bytes:.0f}% of usable"
+        f"  {'total (peak)':<17} {gib(total):>11}  {_bar(total, e.usable_gpu_bytes)}  "
+        f"{100 * total / e.usable_gpu_bytes:.0f}% of usable, peak in {PHASE_LABELS[e.memory.gpu.peak_phase]}"
+    )
+    lines.append(
+        f"  phases: forward/backward {gib(e.memory.gpu.forward_backward)}, "
+        f"optimizer step {gib(e.memory.gpu.optimizer_step)}"
     )
     lines.append(f"host RAM per node  {gib(e.memory.cpu.total)} of {gib(e.usable_cpu_bytes)} usable")
     if e.memory.nvme.total:

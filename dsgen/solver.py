@@ -98,6 +98,7 @@ class SolveResult:
     fully_pinned: bool
     offload_alternatives: tuple[tuple[str, Evaluation, str], ...] = ()  # (offload choice, its best plan, reason)
     batch_note: str | None = None  # set when the global batch was rounded
+    accounting: str = "dsgen"
 
     @property
     def feasible(self) -> bool:
@@ -340,10 +341,10 @@ def _with_zeropp(knobs: ZeroKnobs, zeropp: str, gpus_per_node: int) -> ZeroKnobs
     )
 
 
-def evaluate(spec: Spec, plan: Plan) -> Evaluation:
-    """Price one plan against the spec's hardware."""
+def evaluate(spec: Spec, plan: Plan, accounting: str = "dsgen") -> Evaluation:
+    """Price one plan against the spec's hardware (``accounting``: see ``estimate_memory``)."""
     hardware = spec.hardware
-    memory = estimate_memory(spec.model, plan, hardware, spec.training)
+    memory = estimate_memory(spec.model, plan, hardware, spec.training, accounting)
     step = estimate_step_time(spec.model, plan, hardware, spec.training)
     return Evaluation(
         plan=plan,
@@ -381,7 +382,7 @@ def _is_fully_pinned(spec: Spec) -> bool:
     )
 
 
-def _search(spec: Spec, global_batch: int) -> tuple[list[Evaluation], int]:
+def _search(spec: Spec, global_batch: int, accounting: str) -> tuple[list[Evaluation], int]:
     """Evaluate the search space with two safe prunings; return the evaluations kept and the count.
 
     1. Knob variants are ordered fastest-first and never larger in GPU memory than the previous
@@ -412,7 +413,7 @@ def _search(spec: Spec, global_batch: int) -> tuple[list[Evaluation], int]:
                     knobs=knobs,
                     offload_ratio=st.offload_ratio,
                 )
-                chosen = evaluate(spec, plan)
+                chosen = evaluate(spec, plan, accounting)
                 evaluated += 1
                 if chosen.fits_gpu:
                     break
@@ -439,11 +440,14 @@ def _compare(top: Evaluation, best: Evaluation | None) -> str:
     return f"does not fit: {top.reason()}"
 
 
-def solve(spec: Spec) -> SolveResult:
-    """Evaluate the search space and rank the feasible plans (pure function of the spec)."""
+def solve(spec: Spec, accounting: str = "dsgen") -> SolveResult:
+    """Evaluate the search space and rank the feasible plans (pure function of its inputs).
+
+    ``accounting="deepspeed-estimator"`` prices model states with DeepSpeed's own estimator
+    instead of dsgen's (see :func:`dsgen.estimate.memory.estimate_memory`)."""
     dp = spec.hardware.world_size
     target = resolve_global_batch(spec, dp)
-    evaluations, evaluated = _search(spec, target.sequences)
+    evaluations, evaluated = _search(spec, target.sequences, accounting)
     feasible = sorted((e for e in evaluations if e.feasible), key=_rank_key)
     closest = None if feasible else min(evaluations, key=lambda e: (e.shortfall(), _rank_key(e)))
     pinned = _is_fully_pinned(spec)
@@ -479,6 +483,7 @@ def solve(spec: Spec) -> SolveResult:
         candidates_evaluated=evaluated,
         fully_pinned=pinned,
         batch_note=target.note,
+        accounting=accounting,
     )
 
 

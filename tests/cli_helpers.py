@@ -19,6 +19,7 @@ class CliResult:
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> CliResult:
     """Invoke ``dsgen ARGS`` exactly as the console script does (sys.argv + main())."""
+    capsys.readouterr()  # drop anything printed before the command (e.g. by importing DeepSpeed)
     old_argv = sys.argv
     sys.argv = ["dsgen", *args]
     code = 0

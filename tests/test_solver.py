@@ -178,10 +178,21 @@ def test_json_contract(capsys) -> None:
         "capacity",
     ):
         assert isinstance(gpu[key], int) and gpu[key] >= 0
-    assert gpu["total"] == sum(
+    # total is the peak of the two phases; forward/backward holds every term but the step's
+    # gradient hand-off, the optimizer step holds no activations
+    phases = gpu["phases"]
+    assert gpu["total"] == max(phases.values())
+    assert gpu["peak_phase"] in phases and phases[gpu["peak_phase"]] == gpu["total"]
+    assert phases["forward_backward"] <= sum(
         gpu[k]
         for k in ("parameters", "gradients", "optimizer_states", "activations", "buffers", "transient", "overhead")
     )
+    assert (
+        phases["forward_backward"]
+        >= gpu["parameters"] + gpu["optimizer_states"] + gpu["activations"] + gpu["buffers"] + gpu["transient"]
+    )
+    assert phases["optimizer_step"] >= gpu["parameters"] + gpu["gradients"] + gpu["optimizer_states"]
+    assert body["accounting"] == "dsgen"
     for section in ("cpu", "nvme"):
         assert isinstance(body["memory"][section]["total"], int)
         assert isinstance(body["memory"][section]["capacity"], int)

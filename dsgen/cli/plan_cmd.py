@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
@@ -16,6 +17,20 @@ SetOpt = Annotated[
     typer.Option("--set", "-s", help="Override a spec key, e.g. training.sequence_length=8192 (repeatable)."),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (the output contract) instead of text.")]
+
+
+class Accounting(str, Enum):
+    dsgen = "dsgen"
+    deepspeed_estimator = "deepspeed-estimator"
+
+
+AccountingOpt = Annotated[
+    Accounting,
+    typer.Option(
+        "--accounting",
+        help="Model-state accounting: dsgen's (default) or DeepSpeed's own estimate_zero2/3 estimator.",
+    ),
+]
 
 
 def register(app: typer.Typer) -> None:
@@ -33,13 +48,14 @@ def new(
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")] = False,
     as_json: JsonOpt = False,
+    accounting: AccountingOpt = Accounting.dsgen,
 ) -> None:
     """Solve the spec, render and validate the DeepSpeed config, and write it."""
     from dsgen.api import build_config
     from dsgen.output import write_atomic
     from dsgen.report import human_summary, result_dict, script_requirements
 
-    result, rendered = build_config(spec_file, overrides or [])
+    result, rendered = build_config(spec_file, overrides or [], accounting.value)
     spec = result.spec
     target = output if output is not None else _resolve_output(spec_file, spec.output.path)
     write_atomic(target, rendered.text, force=force)
@@ -65,12 +81,13 @@ def solve(
     overrides: SetOpt = None,
     as_json: JsonOpt = False,
     top: Annotated[int, typer.Option("--top", min=0, help="Also list the N fastest feasible plans.")] = 0,
+    accounting: AccountingOpt = Accounting.dsgen,
 ) -> None:
     """Solve the spec and report the plan; nothing is written. Exit 3 when nothing fits."""
     from dsgen.api import load_spec, solve_spec
     from dsgen.report import evaluation_dict, human_summary, ranked_table, result_dict
 
-    result = solve_spec(load_spec(spec_file, overrides or []))
+    result = solve_spec(load_spec(spec_file, overrides or []), accounting.value)
     if as_json:
         body = result_dict(result)
         if top:
@@ -87,12 +104,12 @@ def solve(
         raise typer.Exit(int(ExitCode.INFEASIBLE))
 
 
-def explain(spec_file: SpecArg, overrides: SetOpt = None) -> None:
+def explain(spec_file: SpecArg, overrides: SetOpt = None, accounting: AccountingOpt = Accounting.dsgen) -> None:
     """Explain the chosen plan: memory per term, step-time split, and why other choices lost."""
     from dsgen.api import load_spec, solve_spec
     from dsgen.report import explanation
 
-    result = solve_spec(load_spec(spec_file, overrides or []))
+    result = solve_spec(load_spec(spec_file, overrides or []), accounting.value)
     typer.echo(explanation(result))
     if not result.feasible:
         raise typer.Exit(int(ExitCode.INFEASIBLE))

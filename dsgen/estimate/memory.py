@@ -9,7 +9,7 @@ docs/memory-model.md documents every term and its source.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.estimate.activations import estimate_activations
@@ -29,26 +29,48 @@ HOST_RESERVE = 0.10  # share of host RAM left for the OS, page cache and data lo
 
 @dataclass(frozen=True)
 class GpuMemory:
+    """Per-GPU memory of one plan.
+
+    Each term is its own largest value during a step. They do not all peak together: activations
+    and the loss transient exist only in forward/backward, while the optimizer step holds the fp32
+    gradients (see ``gradients``) after activations are freed. ``total`` is the higher of the two
+    phases, and ``peak_phase`` says which.
+    """
+
     parameters: int
-    gradients: int
+    gradients: int  # the most gradient memory held at once (the optimizer step's hand-off)
     optimizer_states: int
     activations: int
     buffers: int
     transient: int
     overhead: int
     capacity: int
+    backward_gradients: int = 0  # gradient memory while forward/backward run
+    step_overhead: int = 0  # fixed allowances only: no activation-proportional slack in the step
 
     @property
-    def total(self) -> int:
+    def forward_backward(self) -> int:
         return (
             self.parameters
-            + self.gradients
+            + self.backward_gradients
             + self.optimizer_states
             + self.activations
             + self.buffers
             + self.transient
             + self.overhead
         )
+
+    @property
+    def optimizer_step(self) -> int:
+        return self.parameters + self.gradients + self.optimizer_states + self.buffers + self.step_overhead
+
+    @property
+    def total(self) -> int:
+        return max(self.forward_backward, self.optimizer_step)
+
+    @property
+    def peak_phase(self) -> str:
+        return "forward_backward" if self.forward_backward >= self.optimizer_step else "optimizer_step"
 
 
 @dataclass(frozen=True)
@@ -157,10 +179,62 @@ def nvme_bytes(shape: ModelShape, plan: Plan, hardware: Hardware, optimizer: str
     return total
 
 
-def estimate_memory(shape: ModelShape, plan: Plan, hardware: Hardware, training: Training) -> MemoryEstimate:
-    """Predict the memory of ``plan`` (pure function of its inputs)."""
+def backward_gradient_bytes(plan: Plan, parameters: int, step_gradients: int) -> int:
+    """16-bit gradient memory while forward/backward run: whole ``param.grad`` without ZeRO, the
+    rank's partition with it (DeepSpeed reduces buckets as backward proceeds; the buckets are in
+    ``buffers``). Never more than the step's hand-off, which also holds the fp32 copy."""
+    w = plan.dtype_bytes
+    elements = parameters if plan.zero_stage == 0 else -(-parameters // plan.data_parallel_size)
+    return min(step_gradients, w * elements)
+
+
+ACCOUNTINGS = ("dsgen", "deepspeed-estimator")
+
+
+def estimator_model_states(shape: ModelShape, plan: Plan, hardware: Hardware) -> tuple[int, int, int, int]:
+    """(parameters, gradients, optimizer states, host model states) in DeepSpeed's estimator
+    accounting: its per-GPU figure split along its own formula (16-bit parameters; 2 + 4 bytes of
+    gradients and 4 + 8 bytes of optimizer state per partitioned parameter; ZeRO-3's largest-layer
+    allowance counted with the parameters). The three GPU terms add up to the estimator's number to
+    the byte."""
+    from dsgen.estimate.ds_estimator import deepspeed_estimator
+
+    if plan.zero_stage == 0:
+        # DeepSpeed's estimators cover ZeRO-2/3 only; unpartitioned states are its one-GPU case.
+        hardware = replace(hardware, gpus_per_node=1, nodes=1)
+    cpu, gpu = deepspeed_estimator(shape, plan, hardware)
+    p = shape.parameter_count()
+    if plan.zero_stage == 3:
+        params = 4 * shape.largest_module_parameters()
+        if plan.offload_param == "none":
+            params += 2 * p // hardware.world_size
+    else:
+        params = 2 * p
+    params = min(params, gpu)
+    rest = gpu - params
+    grads = rest * 6 // 18
+    return params, grads, rest - grads, cpu
+
+
+def estimate_memory(
+    shape: ModelShape, plan: Plan, hardware: Hardware, training: Training, accounting: str = "dsgen"
+) -> MemoryEstimate:
+    """Predict the memory of ``plan`` (pure function of its inputs).
+
+    ``accounting="deepspeed-estimator"`` replaces the model-state terms (GPU parameters, gradients,
+    optimizer states and the host's model states) with DeepSpeed's own
+    ``estimate_zero2/3_model_states_mem_needs``; activations, buffers and overheads, which that
+    estimator ignores, stay dsgen's.
+    """
     params, grads, optimizer_states = model_state_bytes(shape, plan, training.optimizer.type)
     optimizer_states += partial_offload_on_gpu(shape, plan, training.optimizer.type)
+    host_total, offloaded = host_bytes(shape, plan, hardware, training.optimizer.type)
+    process = hardware.gpus_per_node * HOST_BYTES_PER_RANK
+    if accounting == "deepspeed-estimator":
+        params, grads, optimizer_states, offloaded = estimator_model_states(shape, plan, hardware)
+        host_total = process + offloaded
+    elif accounting != "dsgen":
+        raise ValueError(f"unknown accounting {accounting!r}; expected one of {ACCOUNTINGS}")
     acts = estimate_activations(
         shape,
         micro_batch_size=plan.micro_batch_size,
@@ -172,7 +246,7 @@ def estimate_memory(shape: ModelShape, plan: Plan, hardware: Hardware, training:
     buffers = buffer_bytes(shape, plan)
     transient = transient_bytes(shape, plan, training, acts.recompute_working_set)
     dynamic = acts.total + buffers + transient
-    overhead = CUDA_CONTEXT_BYTES + COMM_LIBRARY_BYTES + int(ALLOCATOR_SLACK * dynamic)
+    fixed = CUDA_CONTEXT_BYTES + COMM_LIBRARY_BYTES
     gpu = GpuMemory(
         parameters=params,
         gradients=grads,
@@ -180,16 +254,12 @@ def estimate_memory(shape: ModelShape, plan: Plan, hardware: Hardware, training:
         activations=acts.total,
         buffers=buffers,
         transient=transient,
-        overhead=overhead,
+        overhead=fixed + int(ALLOCATOR_SLACK * dynamic),
         capacity=hardware.gpu.memory_bytes,
+        backward_gradients=backward_gradient_bytes(plan, shape.parameter_count(), grads),
+        step_overhead=fixed,
     )
-    host_total, offloaded = host_bytes(shape, plan, hardware, training.optimizer.type)
-    cpu = HostMemory(
-        total=host_total,
-        capacity=hardware.cpu_memory_bytes,
-        offloaded_states=offloaded,
-        process=hardware.gpus_per_node * HOST_BYTES_PER_RANK,
-    )
+    cpu = HostMemory(total=host_total, capacity=hardware.cpu_memory_bytes, offloaded_states=offloaded, process=process)
     nvme_capacity = hardware.nvme.capacity_bytes if hardware.nvme else 0
     nvme = NvmeMemory(total=nvme_bytes(shape, plan, hardware, training.optimizer.type), capacity=nvme_capacity)
     return MemoryEstimate(gpu=gpu, cpu=cpu, nvme=nvme)
