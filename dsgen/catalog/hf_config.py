@@ -110,11 +110,19 @@ _DECODERS: dict[str, _DecoderRules] = {
     "mixtral": _DecoderRules(kv_heads=8, max_positions=131072, moe=True),
     "qwen2": _DecoderRules(kv_heads=32, max_positions=32768, qkv_bias=True),
     "gemma2": _DecoderRules(
-        kv_heads=4, max_positions=8192, tie=True, head_dim=256, activation_key="hidden_activation",
-        activation="gelu_pytorch_tanh", attention_bias_key=True, norms_per_layer=4,
+        kv_heads=4,
+        max_positions=8192,
+        tie=True,
+        head_dim=256,
+        activation_key="hidden_activation",
+        activation="gelu_pytorch_tanh",
+        attention_bias_key=True,
+        norms_per_layer=4,
     ),
     "phi3": _DecoderRules(
-        kv_heads=None, max_positions=4096, dropout_keys=("resid_pdrop", "embd_pdrop", "attention_dropout"),
+        kv_heads=None,
+        max_positions=4096,
+        dropout_keys=("resid_pdrop", "embd_pdrop", "attention_dropout"),
     ),
 }
 
@@ -292,6 +300,9 @@ def shape_from_hf_config(path: Path, *, name: str | None = None) -> ModelShape:
         raise cfg.error("model_type", "missing", hint=f"supported model types: {supported}")
     reader = _READERS.get(model_type) if isinstance(model_type, str) else None
     if reader is None:
-        raise cfg.error("model_type", f"unsupported model_type {model_type!r}; supported: {supported}",
-                        hint="describe the model with model.architecture instead")
+        raise cfg.error(
+            "model_type",
+            f"unsupported model_type {model_type!r}; supported: {supported}",
+            hint="describe the model with model.architecture instead",
+        )
     return reader(cfg, name or file.resolve().parent.name)

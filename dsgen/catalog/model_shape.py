@@ -38,12 +38,21 @@ def _memoized(method: Callable[..., _T]) -> Callable[..., _T]:
 
     return wrapper
 
+
 Family = Literal["llama", "mistral", "qwen2", "gemma2", "phi3", "gpt2", "gpt_neox", "bert", "mixtral"]
 MlpKind = Literal["swiglu", "geglu", "gelu"]
 NormKind = Literal["rmsnorm", "layernorm"]
 
 FAMILIES: tuple[str, ...] = (
-    "llama", "mistral", "qwen2", "gemma2", "phi3", "gpt2", "gpt_neox", "bert", "mixtral",
+    "llama",
+    "mistral",
+    "qwen2",
+    "gemma2",
+    "phi3",
+    "gpt2",
+    "gpt_neox",
+    "bert",
+    "mixtral",
 )
 # Families whose transformers implementation fuses projections into one nn.Module (matters only for
 # the largest-module size; the parameter totals are the same as with separate projections).
@@ -132,9 +141,7 @@ class ModelShape:
     @_memoized
     def layer_parameters(self, active_only: bool = False) -> int:
         return (
-            self.attention_parameters()
-            + self.mlp_parameters(active_only)
-            + self.norms_per_layer * self._norm_params()
+            self.attention_parameters() + self.mlp_parameters(active_only) + self.norms_per_layer * self._norm_params()
         )
 
     @_memoized
@@ -161,9 +168,7 @@ class ModelShape:
     @_memoized
     def parameter_count(self) -> int:
         """Total trainable parameters (shared embedding/output weights counted once)."""
-        return (
-            self.embedding_parameters() + self.num_layers * self.layer_parameters() + self.head_parameters()
-        )
+        return self.embedding_parameters() + self.num_layers * self.layer_parameters() + self.head_parameters()
 
     @_memoized
     def active_parameter_count(self) -> int:

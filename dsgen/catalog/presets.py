@@ -59,14 +59,21 @@ def published_parameter_counts() -> dict[str, int]:
 
 def get_gpu(name: str, *, path: str = "hardware.gpu", location: Location | None = None) -> GpuSpec:
     """Look up a GPU preset; an unknown name raises :class:`DsgenError` with suggestions."""
-    return _lookup(_gpus(), name, kind="GPU", path=path, location=location,
-                   alternative="or describe the GPU as a mapping")
+    return _lookup(
+        _gpus(), name, kind="GPU", path=path, location=location, alternative="or describe the GPU as a mapping"
+    )
 
 
 def get_model(name: str, *, path: str = "model.preset", location: Location | None = None) -> ModelShape:
     """Look up a model preset; an unknown name raises :class:`DsgenError` with suggestions."""
-    return _lookup(_models()[0], name, kind="model", path=path, location=location,
-                   alternative="or point model.hf_config at a local config.json")
+    return _lookup(
+        _models()[0],
+        name,
+        kind="model",
+        path=path,
+        location=location,
+        alternative="or point model.hf_config at a local config.json",
+    )
 
 
 # ---- lookup -------------------------------------------------------------------------------------
@@ -110,8 +117,10 @@ def _suggest(key: str, names: list[str]) -> list[str]:
 @cache
 def _gpus() -> dict[str, GpuSpec]:
     data = _load_yaml(GPUS_FILE)
-    return {name: GpuSpec(name=name, **_checked(GpuSpec, name, _mapping(entry, GPUS_FILE, name), GPUS_FILE))
-            for name, entry in _presets(data, GPUS_FILE, "top level").items()}
+    return {
+        name: GpuSpec(name=name, **_checked(GpuSpec, name, _mapping(entry, GPUS_FILE, name), GPUS_FILE))
+        for name, entry in _presets(data, GPUS_FILE, "top level").items()
+    }
 
 
 @cache
@@ -156,8 +165,9 @@ def _checked(cls: type, name: str, entry: dict[str, Any], file: Path) -> dict[st
     unknown = sorted(set(entry) - set(known))
     if unknown:
         raise ValueError(f"{file}: {name}: unknown keys {unknown}")
-    missing = sorted(k for k, f in known.items()
-                     if k not in entry and f.default is MISSING and f.default_factory is MISSING)
+    missing = sorted(
+        k for k, f in known.items() if k not in entry and f.default is MISSING and f.default_factory is MISSING
+    )
     if missing:
         raise ValueError(f"{file}: {name}: missing keys {missing}")
     for key, value in entry.items():
