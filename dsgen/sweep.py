@@ -22,7 +22,7 @@ from dsgen.solver import Evaluation, require_feasible, solve
 from dsgen.spec.loader import spec_from_data
 from dsgen.spec.overrides import set_path
 from dsgen.spec.schema_errors import check_against_schema, show
-from dsgen.spec.yaml_source import KeyPath, SourceMap, load_yaml
+from dsgen.spec.yaml_source import KeyPath, SourceMap, load_yaml, read_source
 
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]*$")
 MANIFEST_JSONL = "manifest.jsonl"
@@ -62,13 +62,7 @@ class Outcome:
 def load_sweep(path: str | Path) -> Sweep:
     """Read a sweep file, validate it, and expand it into uniquely and safely named runs."""
     file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DsgenError(f"sweep file not found: {file}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DsgenError(f"cannot read sweep file {file}: {exc}") from None
-    data, source = load_yaml(text, str(file))
+    data, source = load_yaml(read_source(file, "sweep"), str(file))
     if not isinstance(data, dict):
         raise DsgenError("a sweep must be a YAML mapping with base, name and grid/zip", location=source.location(()))
     check_against_schema(data, schema_path("sweep"), source, what="sweep")

@@ -26,7 +26,7 @@ from dsgen.spec.types import (
     Spec,
     Training,
 )
-from dsgen.spec.yaml_source import SourceMap, load_yaml
+from dsgen.spec.yaml_source import SourceMap, load_yaml, read_source
 
 # Layout defaults per family for inline ``architecture`` blocks (what each family's HF code builds).
 _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -73,12 +73,7 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
 def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Spec:
     """Load and resolve the spec at ``path``. Raises :class:`DsgenError` on any bad input."""
     file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DsgenError(f"spec file not found: {file}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DsgenError(f"cannot read spec file {file}: {exc}") from None
+    text = read_source(file, "spec")
     return load_spec_text(text, file=str(file), base_dir=file.parent, overrides=overrides)
 
 

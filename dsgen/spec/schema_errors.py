@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dsgen.errors import DsgenError
+from dsgen.jsontypes import json_type
 from dsgen.spec.schema_lite import LiteValidator
 from dsgen.spec.yaml_source import KeyPath, SourceMap, format_path
 
@@ -88,27 +89,11 @@ def _resolve(ref: str, root: dict[str, Any]) -> dict[str, Any]:
     return node
 
 
-def _json_type(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, dict):
-        return "object"
-    if isinstance(value, list):
-        return "array"
-    return "null"
-
-
 def _accepts_type(schema: dict[str, Any], value: Any, root: dict[str, Any]) -> bool:
     if "$ref" in schema:
         schema = _resolve(schema["$ref"], root)
     kind = schema.get("type")
-    actual = _json_type(value)
+    actual = json_type(value)
     if kind is None:
         return "const" in schema and type(schema["const"]) is type(value)
     kinds = kind if isinstance(kind, list) else [kind]

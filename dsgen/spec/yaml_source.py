@@ -8,6 +8,7 @@ the last one, and (c) only safe scalar types are constructed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -50,6 +51,16 @@ def format_path(path: KeyPath) -> str:
     for part in path:
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
     return text
+
+
+def read_source(path: Path, what: str) -> str:
+    """The text of a spec or sweep file, or a :class:`DsgenError` naming ``what`` could not be read."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DsgenError(f"{what} file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DsgenError(f"cannot read {what} file {path}: {exc}") from None
 
 
 def load_yaml(text: str, file: str | None) -> tuple[Any, SourceMap]:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from typing import Any
 
+from dsgen.jsontypes import json_type
 from dsgen.resources import schema_path
 from dsgen.validate.loader import escape_pointer_token
 from dsgen.validate.versions import apply_patches, profile
@@ -134,24 +135,6 @@ def schema_for(version: str) -> dict[str, Any]:
     schema = copy.deepcopy(base_schema())
     apply_patches(schema, prof.patches)
     return schema
-
-
-def json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
 
 
 def _types(schema: dict[str, Any]) -> list[str]:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from dsgen.errors import DsgenError
+from dsgen.jsontypes import json_type
 from dsgen.validate import loader, schema_check
 from dsgen.validate.findings import Finding, Report
 from dsgen.validate.rules import Context, run_rules
@@ -101,9 +102,7 @@ def _validate(
             "keep one of the two",
         )
     if not isinstance(config, dict):
-        ctx.emit(
-            "type-mismatch", "", f"a DeepSpeed config must be a JSON object, not {schema_check.json_type(config)}", None
-        )
+        ctx.emit("type-mismatch", "", f"a DeepSpeed config must be a JSON object, not {json_type(config)}", None)
     else:
         result = schema_check.check(config, version)
         ctx.auto_sites = result.autos
