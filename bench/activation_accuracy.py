@@ -75,64 +75,212 @@ WORST_TARGET = 8.0
 _NO_DROP = {"attention_dropout": 0.0}
 FAMILIES: dict[str, dict[str, dict[str, Any]]] = {
     "llama": {
-        "tiny": dict(hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4,
-                     num_key_value_heads=2, vocab_size=1000, **_NO_DROP),
-        "mid": dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=4, num_attention_heads=8,
-                    num_key_value_heads=2, vocab_size=8000, **_NO_DROP),
+        "tiny": dict(
+            hidden_size=128,
+            intermediate_size=344,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=1000,
+            **_NO_DROP,
+        ),
+        "mid": dict(
+            hidden_size=512,
+            intermediate_size=1376,
+            num_hidden_layers=4,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            vocab_size=8000,
+            **_NO_DROP,
+        ),
     },
     "mistral": {
-        "tiny": dict(hidden_size=128, intermediate_size=352, num_hidden_layers=2, num_attention_heads=4,
-                     num_key_value_heads=1, vocab_size=1000, sliding_window=4096, **_NO_DROP),
-        "mid": dict(hidden_size=512, intermediate_size=1792, num_hidden_layers=3, num_attention_heads=8,
-                    num_key_value_heads=2, vocab_size=6000, sliding_window=4096, **_NO_DROP),
+        "tiny": dict(
+            hidden_size=128,
+            intermediate_size=352,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            vocab_size=1000,
+            sliding_window=4096,
+            **_NO_DROP,
+        ),
+        "mid": dict(
+            hidden_size=512,
+            intermediate_size=1792,
+            num_hidden_layers=3,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            vocab_size=6000,
+            sliding_window=4096,
+            **_NO_DROP,
+        ),
     },
     "qwen2": {
-        "tiny": dict(hidden_size=128, intermediate_size=320, num_hidden_layers=2, num_attention_heads=4,
-                     num_key_value_heads=2, vocab_size=1200, **_NO_DROP),
-        "mid": dict(hidden_size=448, intermediate_size=1216, num_hidden_layers=4, num_attention_heads=7,
-                    num_key_value_heads=1, vocab_size=8000, **_NO_DROP),
+        "tiny": dict(
+            hidden_size=128,
+            intermediate_size=320,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=1200,
+            **_NO_DROP,
+        ),
+        "mid": dict(
+            hidden_size=448,
+            intermediate_size=1216,
+            num_hidden_layers=4,
+            num_attention_heads=7,
+            num_key_value_heads=1,
+            vocab_size=8000,
+            **_NO_DROP,
+        ),
     },
     "gemma2": {
-        "tiny": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=2, num_attention_heads=4,
-                     num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=32, sliding_window=128,
-                     vocab_size=1000, **_NO_DROP),
-        "mid": dict(hidden_size=384, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,
-                    num_key_value_heads=2, head_dim=128, query_pre_attn_scalar=128, sliding_window=256,
-                    vocab_size=6000, **_NO_DROP),
+        "tiny": dict(
+            hidden_size=128,
+            intermediate_size=384,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            query_pre_attn_scalar=32,
+            sliding_window=128,
+            vocab_size=1000,
+            **_NO_DROP,
+        ),
+        "mid": dict(
+            hidden_size=384,
+            intermediate_size=1024,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=128,
+            query_pre_attn_scalar=128,
+            sliding_window=256,
+            vocab_size=6000,
+            **_NO_DROP,
+        ),
     },
     "phi3": {
-        "tiny": dict(hidden_size=128, intermediate_size=352, num_hidden_layers=2, num_attention_heads=4,
-                     num_key_value_heads=4, vocab_size=1000, resid_pdrop=0.0, embd_pdrop=0.0,
-                     pad_token_id=0, bos_token_id=1, eos_token_id=2, **_NO_DROP),
-        "mid": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=3, num_attention_heads=8,
-                    num_key_value_heads=8, vocab_size=6000, resid_pdrop=0.0, embd_pdrop=0.0,
-                    pad_token_id=0, bos_token_id=1, eos_token_id=2, **_NO_DROP),
+        "tiny": dict(
+            hidden_size=128,
+            intermediate_size=352,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            vocab_size=1000,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            **_NO_DROP,
+        ),
+        "mid": dict(
+            hidden_size=512,
+            intermediate_size=1536,
+            num_hidden_layers=3,
+            num_attention_heads=8,
+            num_key_value_heads=8,
+            vocab_size=6000,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            **_NO_DROP,
+        ),
     },
     "gpt2": {
-        "tiny": dict(n_embd=128, n_layer=2, n_head=4, vocab_size=1000, n_positions=512,
-                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
-        "mid": dict(n_embd=512, n_layer=3, n_head=8, vocab_size=6000, n_positions=1024,
-                    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+        "tiny": dict(
+            n_embd=128,
+            n_layer=2,
+            n_head=4,
+            vocab_size=1000,
+            n_positions=512,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        ),
+        "mid": dict(
+            n_embd=512,
+            n_layer=3,
+            n_head=8,
+            vocab_size=6000,
+            n_positions=1024,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        ),
     },
     "gpt_neox": {
-        "tiny": dict(hidden_size=128, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-                     vocab_size=1000, rotary_pct=0.25, hidden_dropout=0.0, **_NO_DROP),
-        "mid": dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=3, num_attention_heads=8,
-                    vocab_size=6000, rotary_pct=0.25, hidden_dropout=0.0, **_NO_DROP),
+        "tiny": dict(
+            hidden_size=128,
+            intermediate_size=512,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            vocab_size=1000,
+            rotary_pct=0.25,
+            hidden_dropout=0.0,
+            **_NO_DROP,
+        ),
+        "mid": dict(
+            hidden_size=512,
+            intermediate_size=2048,
+            num_hidden_layers=3,
+            num_attention_heads=8,
+            vocab_size=6000,
+            rotary_pct=0.25,
+            hidden_dropout=0.0,
+            **_NO_DROP,
+        ),
     },
     "bert": {
-        "tiny": dict(hidden_size=128, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-                     vocab_size=1000, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
-        "mid": dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=3, num_attention_heads=8,
-                    vocab_size=6000, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+        "tiny": dict(
+            hidden_size=128,
+            intermediate_size=512,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            vocab_size=1000,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        ),
+        "mid": dict(
+            hidden_size=512,
+            intermediate_size=2048,
+            num_hidden_layers=3,
+            num_attention_heads=8,
+            vocab_size=6000,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        ),
     },
     "mixtral": {
-        "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                     num_key_value_heads=2, vocab_size=1000, num_local_experts=4, num_experts_per_tok=2,
-                     router_jitter_noise=0.0, **_NO_DROP),
-        "mid": dict(hidden_size=384, intermediate_size=768, num_hidden_layers=2, num_attention_heads=6,
-                    num_key_value_heads=2, vocab_size=6000, num_local_experts=8, num_experts_per_tok=2,
-                    router_jitter_noise=0.0, **_NO_DROP),
+        "tiny": dict(
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=1000,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            router_jitter_noise=0.0,
+            **_NO_DROP,
+        ),
+        "mid": dict(
+            hidden_size=384,
+            intermediate_size=768,
+            num_hidden_layers=2,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            vocab_size=6000,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            router_jitter_noise=0.0,
+            **_NO_DROP,
+        ),
     },
 }
 # The dropout grid: the tiny configs with the families' own dropout keys at 0.1, eager attention only
@@ -183,8 +331,12 @@ def set_checkpointing(model: torch.nn.Module, enabled: bool) -> None:
 
 
 # ---- measurement --------------------------------------------------------------------------------
-_MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
-            torch.ops.aten.baddbmm.default}
+_MATMULS = {
+    torch.ops.aten.mm.default,
+    torch.ops.aten.addmm.default,
+    torch.ops.aten.bmm.default,
+    torch.ops.aten.baddbmm.default,
+}
 
 
 class Fp32Matmul(TorchDispatchMode):
@@ -275,8 +427,11 @@ def measure_saved_bytes(model: torch.nn.Module, batch: int, seq: int, explain: b
     input_ids = torch.randint(0, vocab, (batch, seq), generator=generator)
     try:
         fast = FAST_BF16_MATMUL and next(model.parameters()).dtype == torch.bfloat16
-        with (torch.autograd.graph.saved_tensors_hooks(pack, unpack), cuda_like_dropout(),
-              Fp32Matmul() if fast else _nothing()):
+        with (
+            torch.autograd.graph.saved_tensors_hooks(pack, unpack),
+            cuda_like_dropout(),
+            Fp32Matmul() if fast else _nothing(),
+        ):
             output = model(input_ids=input_ids, labels=input_ids)
         gc.collect()
         storages: dict[int, int] = {}
@@ -343,8 +498,12 @@ def _graph_labels(loss: torch.Tensor) -> dict[int, str]:
 # ---- predictions ---------------------------------------------------------------------------------
 def dsgen_prediction(shape: ModelShape, batch: int, seq: int, dtype: str, attention: str, ckpt: bool) -> int:
     return estimate_activations(
-        shape, micro_batch_size=batch, sequence_length=seq, dtype_bytes=2 if dtype == "bf16" else 4,
-        attention=attention, checkpointing=ckpt,
+        shape,
+        micro_batch_size=batch,
+        sequence_length=seq,
+        dtype_bytes=2 if dtype == "bf16" else 4,
+        attention=attention,
+        checkpointing=ckpt,
     ).total
 
 
@@ -362,8 +521,13 @@ def dsgen_cli_prediction(config_dir: Path, batch: int, seq: int, dtype: str, att
     spec_path = config_dir / "spec.yaml"
     spec_path.write_text(spec)
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    done = subprocess.run([sys.executable, "-m", "dsgen", "solve", str(spec_path), "--json"],
-                          capture_output=True, text=True, env=env, cwd=REPO)
+    done = subprocess.run(
+        [sys.executable, "-m", "dsgen", "solve", str(spec_path), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
     if done.returncode != 0:
         raise SystemExit(f"dsgen solve failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
     return int(json.loads(done.stdout)["memory"]["gpu"]["activations"])
@@ -378,12 +542,15 @@ class LlmAnalysis:
             import logging
 
             from llm_analysis import analysis, config
+
             logging.getLogger("llm_analysis").setLevel(logging.ERROR)
             analysis.logger.setLevel(logging.ERROR)
             self.analysis, self.config = analysis, config
         except Exception as exc:  # any import failure is reported, not raised
-            self.error = f"llm-analysis cannot be imported ({type(exc).__name__}: {exc}); " \
-                         "install it with: pip install --no-deps llm-analysis fire"
+            self.error = (
+                f"llm-analysis cannot be imported ({type(exc).__name__}: {exc}); "
+                "install it with: pip install --no-deps llm-analysis fire"
+            )
 
     def predict(self, shape: ModelShape, batch: int, seq: int, dtype: str, attention: str, ckpt: bool) -> int | None:
         if self.error:
@@ -391,23 +558,40 @@ class LlmAnalysis:
         a, c = self.analysis, self.config
         bits = 16 if dtype == "bf16" else 32
         model = c.ModelConfig(
-            name=shape.name, num_layers=shape.num_layers, n_head=shape.num_attention_heads,
-            hidden_dim=shape.hidden_size, vocab_size=shape.vocab_size, max_seq_len=max(seq, 1),
-            num_key_value_heads=shape.num_key_value_heads, ffn_embed_dim=shape.intermediate_size,
-            expansion_ratio=shape.intermediate_size / shape.hidden_size, model_type=shape.family,
-            moe_num_experts=max(shape.num_experts, 1), moe_top_k=max(shape.experts_per_token, 1),
+            name=shape.name,
+            num_layers=shape.num_layers,
+            n_head=shape.num_attention_heads,
+            hidden_dim=shape.hidden_size,
+            vocab_size=shape.vocab_size,
+            max_seq_len=max(seq, 1),
+            num_key_value_heads=shape.num_key_value_heads,
+            ffn_embed_dim=shape.intermediate_size,
+            expansion_ratio=shape.intermediate_size / shape.hidden_size,
+            model_type=shape.family,
+            moe_num_experts=max(shape.num_experts, 1),
+            moe_top_k=max(shape.experts_per_token, 1),
         )
-        gpu = c.GPUConfig(name="h100", mem_per_GPU_in_GB=80, hbm_bandwidth_in_GB_per_sec=3350,
-                          intra_node_bandwidth_in_GB_per_sec=450, intra_node_min_message_latency=8e-6,
-                          peak_fp16_TFLOPS=989)
-        dtypes = c.DtypeConfig(name=f"w{bits}a{bits}e{bits}", weight_bits=bits, activation_bits=bits,
-                               embedding_bits=bits)
+        gpu = c.GPUConfig(
+            name="h100",
+            mem_per_GPU_in_GB=80,
+            hbm_bandwidth_in_GB_per_sec=3350,
+            intra_node_bandwidth_in_GB_per_sec=450,
+            intra_node_min_message_latency=8e-6,
+            peak_fp16_TFLOPS=989,
+        )
+        dtypes = c.DtypeConfig(
+            name=f"w{bits}a{bits}e{bits}", weight_bits=bits, activation_bits=bits, embedding_bits=bits
+        )
         llm = a.LLMAnalysis(model, gpu, dtypes)
         recompute = a.ActivationRecomputation.FULL if ckpt else a.ActivationRecomputation.NONE
         # the sum LLMAnalysis.training() reports as activation_memory_per_gpu, without its batch search
         per_layer = llm.get_activation_memory_per_layer(
-            batch, seq, is_inference=False, activation_recomputation=recompute,
-            flash_attn=attention != "eager", mlp_gated_linear_units=shape.gated_mlp,
+            batch,
+            seq,
+            is_inference=False,
+            activation_recomputation=recompute,
+            flash_attn=attention != "eager",
+            mlp_gated_linear_units=shape.gated_mlp,
         )
         total = shape.num_layers * per_layer
         total += llm.get_activation_memory_output_embedding(batch, seq)
@@ -441,8 +625,9 @@ def supports(config: transformers.PretrainedConfig, attention: str) -> bool:
     return attention == "eager" or bool(getattr(model_cls, "_supports_sdpa", False))
 
 
-def run(families: list[str], sizes: list[str], llm: LlmAnalysis, tmp: Path,
-        with_dropout: bool = True) -> tuple[list[Row], list[str]]:
+def run(
+    families: list[str], sizes: list[str], llm: LlmAnalysis, tmp: Path, with_dropout: bool = True
+) -> tuple[list[Row], list[str]]:
     rows: list[Row] = []
     notes: list[str] = []
     grids = [(family, size, 0.0, ATTENTIONS) for family in families for size in sizes]
@@ -467,8 +652,9 @@ def run(families: list[str], sizes: list[str], llm: LlmAnalysis, tmp: Path,
                         measured = measure_saved_bytes(model, batch, seq)
                         predicted = dsgen_prediction(shape, batch, seq, dtype, attention, ckpt)
                         other = llm.predict(shape, batch, seq, dtype, attention, ckpt)
-                        rows.append(Row(family, size, dropout, dtype, attention, ckpt, batch, seq, measured,
-                                        predicted, other))
+                        rows.append(
+                            Row(family, size, dropout, dtype, attention, ckpt, batch, seq, measured, predicted, other)
+                        )
                 del model
                 gc.collect()
     return rows, notes
@@ -479,16 +665,20 @@ def _pct(value: float | None) -> str:
 
 
 def report(rows: list[Row]) -> tuple[float, float]:
-    header = (f"{'family':<9} {'size':<4} {'drop':<4} {'dtype':<5} {'attn':<5} {'ckpt':<4} {'b':>2} {'s':>4} "
-              f"{'measured':>11} {'dsgen':>11} {'err %':>6} {'llm-an.':>11} {'err %':>7}")
+    header = (
+        f"{'family':<9} {'size':<4} {'drop':<4} {'dtype':<5} {'attn':<5} {'ckpt':<4} {'b':>2} {'s':>4} "
+        f"{'measured':>11} {'dsgen':>11} {'err %':>6} {'llm-an.':>11} {'err %':>7}"
+    )
     print(header)
     print("-" * len(header))
     for r in rows:
         other = "n/a" if r.llm_analysis is None else f"{r.llm_analysis:>11}"
-        print(f"{r.family:<9} {r.size:<4} {r.dropout:<4g} {r.dtype:<5} {r.attention:<5} {'yes' if r.ckpt else 'no':<4} "
-              f"{r.batch:>2} {r.seq:>4} {r.measured:>11} {r.predicted:>11} "
-              f"{_pct(Row.error(r.predicted, r.measured)):>6} {other:>11} "
-              f"{_pct(Row.error(r.llm_analysis, r.measured)):>7}")
+        print(
+            f"{r.family:<9} {r.size:<4} {r.dropout:<4g} {r.dtype:<5} {r.attention:<5} {'yes' if r.ckpt else 'no':<4} "
+            f"{r.batch:>2} {r.seq:>4} {r.measured:>11} {r.predicted:>11} "
+            f"{_pct(Row.error(r.predicted, r.measured)):>6} {other:>11} "
+            f"{_pct(Row.error(r.llm_analysis, r.measured)):>7}"
+        )
     errors = [abs(Row.error(r.predicted, r.measured) or 0.0) for r in rows]
     return statistics.median(errors), max(errors)
 
@@ -499,8 +689,10 @@ def summary(rows: list[Row], label: str, pick: Any) -> str:
         return f"{label:<13} no figures"
     worst = max(rows, key=lambda r: abs(Row.error(pick(r), r.measured) or 0.0))
     where = f"{worst.family}/{worst.size} p={worst.dropout:g} {worst.dtype} {worst.attention} ckpt={worst.ckpt} b={worst.batch} s={worst.seq}"
-    return (f"{label:<13} median |error| {statistics.median(errors):5.2f} %   worst {max(errors):6.2f} % ({where})"
-            f"   over {len(errors)} points")
+    return (
+        f"{label:<13} median |error| {statistics.median(errors):5.2f} %   worst {max(errors):6.2f} % ({where})"
+        f"   over {len(errors)} points"
+    )
 
 
 def cli_consistency(tmp: Path) -> str:
@@ -511,26 +703,39 @@ def cli_consistency(tmp: Path) -> str:
     cli = dsgen_cli_prediction(config_dir, batch, seq, dtype, attention, ckpt)
     direct = dsgen_prediction(shape_from_hf_config(config_dir), batch, seq, dtype, attention, ckpt)
     status = "ok" if cli == direct else "MISMATCH"
-    return (f"dsgen solve --json consistency ({family}/{size} {dtype} {attention} b={batch} s={seq}): "
-            f"CLI memory.gpu.activations {cli} vs in-process {direct}: {status}")
+    return (
+        f"dsgen solve --json consistency ({family}/{size} {dtype} {attention} b={batch} s={seq}): "
+        f"CLI memory.gpu.activations {cli} vs in-process {direct}: {status}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny models only")
     parser.add_argument("--family", action="append", choices=sorted(FAMILIES), help="only these families")
-    parser.add_argument("--explain", metavar="FAMILY", choices=sorted(FAMILIES),
-                        help="print the saved-tensor inventory of one FAMILY model (see --size, --point, --dtype, --attention)")
+    parser.add_argument(
+        "--explain",
+        metavar="FAMILY",
+        choices=sorted(FAMILIES),
+        help="print the saved-tensor inventory of one FAMILY model (see --size, --point, --dtype, --attention)",
+    )
     parser.add_argument("--attention", default="sdpa", help="attention for --explain")
     parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="dtype for --explain")
     parser.add_argument("--ckpt", action="store_true", help="checkpointing for --explain")
     parser.add_argument("--point", default="2x64", help="micro-batch x sequence for --explain (default 2x64)")
     parser.add_argument("--size", default="tiny", choices=("tiny", "mid"), help="model size for --explain")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads (default 1: these small ops only lose from threading, "
-                             "badly so on a shared machine)")
-    parser.add_argument("--native-bf16-matmul", action="store_true",
-                        help="run bf16 matmuls in bf16 (same bytes; slow on CPUs without bf16 units)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (default 1: these small ops only lose from threading, "
+        "badly so on a shared machine)",
+    )
+    parser.add_argument(
+        "--native-bf16-matmul",
+        action="store_true",
+        help="run bf16 matmuls in bf16 (same bytes; slow on CPUs without bf16 units)",
+    )
     args = parser.parse_args(argv)
     global FAST_BF16_MATMUL
     FAST_BF16_MATMUL = not args.native_bf16_matmul
@@ -561,14 +766,18 @@ def main(argv: list[str] | None = None) -> int:
         median, worst = report(rows)
         print()
         print(cli_consistency(tmp))
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, CPU; "
-          f"{len(rows)} points in {time.perf_counter() - start:.0f} s")
+    print(
+        f"torch {torch.__version__}, transformers {transformers.__version__}, CPU; "
+        f"{len(rows)} points in {time.perf_counter() - start:.0f} s"
+    )
     for note in notes:
         print(f"note: {note}")
     print("per family (median / worst |error| %):")
     for family in dict.fromkeys(r.family for r in rows):
         mine = [abs(Row.error(r.predicted, r.measured) or 0.0) for r in rows if r.family == family]
-        theirs = [abs(e) for r in rows if r.family == family and (e := Row.error(r.llm_analysis, r.measured)) is not None]
+        theirs = [
+            abs(e) for r in rows if r.family == family and (e := Row.error(r.llm_analysis, r.measured)) is not None
+        ]
         other = f"{statistics.median(theirs):6.2f} / {max(theirs):6.2f}" if theirs else "n/a"
         print(f"  {family:<9} dsgen {statistics.median(mine):5.2f} / {max(mine):5.2f}   llm-analysis {other}")
     print(summary(rows, "dsgen", lambda r: r.predicted))
@@ -576,8 +785,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'llm-analysis':<13} {llm.error}")
     else:
         print(summary(rows, "llm-analysis", lambda r: r.llm_analysis))
-        print("  (llm-analysis: Korthikanti et al.'s per-layer formula with fp32 layernorm inputs, the 16/32-bit "
-              "logits, no loss internals; fed a ModelConfig built from the same numbers)")
+        print(
+            "  (llm-analysis: Korthikanti et al.'s per-layer formula with fp32 layernorm inputs, the 16/32-bit "
+            "logits, no loss internals; fed a ModelConfig built from the same numbers)"
+        )
     ok = median <= MEDIAN_TARGET and worst <= WORST_TARGET
     print(f"targets: median <= {MEDIAN_TARGET:g} %, worst <= {WORST_TARGET:g} %: {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1

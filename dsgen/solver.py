@@ -398,6 +398,11 @@ def _search(spec: Spec, global_batch: int, accounting: str) -> tuple[list[Evalua
     evaluated = 0
     for st in _structures(spec):
         variants = [_with_zeropp(k, st.zeropp, spec.hardware.gpus_per_node) for k in variants_by_stage[st.stage]]
+        if st.offload_ratio < 1:
+            # DeepSpeed applies offload_optimizer.ratio per optimizer sub-group: with one sub-group
+            # everything is offloaded, so split the rank's partition into at least eight.
+            groups = max(1_000_000, -(-spec.model.parameter_count() // dp // 8))
+            variants = [replace(k, sub_group_size=min(k.sub_group_size, groups)) for k in variants]
         for micro, accum in splits:
             chosen: Evaluation | None = None
             for knobs in variants:

@@ -24,8 +24,9 @@ from tests.conftest import REPO_ROOT, require_module
 
 def per_layer(preset: str, *, b: int, s: int, dtype_bytes: int, attention: str) -> int:
     shape = get_model(preset)
-    return estimate_activations(shape, micro_batch_size=b, sequence_length=s, dtype_bytes=dtype_bytes,
-                                attention=attention, checkpointing=False).per_layer
+    return estimate_activations(
+        shape, micro_batch_size=b, sequence_length=s, dtype_bytes=dtype_bytes, attention=attention, checkpointing=False
+    ).per_layer
 
 
 # ---- pins: the documented formula, by hand -----------------------------------------------------
@@ -60,16 +61,19 @@ def test_llama_3_1_8b_totals_outside_layers_and_checkpointing() -> None:
     per_token = 2 * rmsnorm + (2 * 4096 + 2 * 2 * 1024 + 2 * 4096 + 4 * 32) + 4 * 2 * 14336
     # ids and shifted labels, final norm, fp32 log-softmax of the 128256-entry vocabulary; cos/sin per position
     outside = b * s * (8 + 8 + rmsnorm + 4 * 128256) + s * 2 * 2 * 128
-    full = estimate_activations(shape, micro_batch_size=b, sequence_length=s, dtype_bytes=2, attention="flash",
-                                checkpointing=False)
+    full = estimate_activations(
+        shape, micro_batch_size=b, sequence_length=s, dtype_bytes=2, attention="flash", checkpointing=False
+    )
     assert full.total == 32 * b * s * per_token + outside
-    ckpt = estimate_activations(shape, micro_batch_size=b, sequence_length=s, dtype_bytes=2, attention="flash",
-                                checkpointing=True)
+    ckpt = estimate_activations(
+        shape, micro_batch_size=b, sequence_length=s, dtype_bytes=2, attention="flash", checkpointing=True
+    )
     # each layer's input, plus the position ids the checkpoints hold
     assert ckpt.total == 32 * b * s * 2 * 4096 + outside + s * 8
     assert ckpt.recompute_working_set == b * s * per_token
-    eager_ckpt = estimate_activations(shape, micro_batch_size=b, sequence_length=s, dtype_bytes=2,
-                                      attention="eager", checkpointing=True)
+    eager_ckpt = estimate_activations(
+        shape, micro_batch_size=b, sequence_length=s, dtype_bytes=2, attention="eager", checkpointing=True
+    )
     assert eager_ckpt.total == ckpt.total + b * s * s * 2  # the 4-D causal mask the checkpoints hold
 
 
@@ -201,10 +205,14 @@ MEASURED = [
 ]
 
 
-@pytest.mark.parametrize(("family", "dtype", "attention", "ckpt", "dropout", "point"), MEASURED,
-                         ids=["-".join(str(part) for part in case[:5]) for case in MEASURED])
-def test_measured_matches_prediction(bench: ModuleType, family: str, dtype: str, attention: str, ckpt: bool,
-                                     dropout: float, point: tuple[int, int]) -> None:
+@pytest.mark.parametrize(
+    ("family", "dtype", "attention", "ckpt", "dropout", "point"),
+    MEASURED,
+    ids=["-".join(str(part) for part in case[:5]) for case in MEASURED],
+)
+def test_measured_matches_prediction(
+    bench: ModuleType, family: str, dtype: str, attention: str, ckpt: bool, dropout: float, point: tuple[int, int]
+) -> None:
     config = bench.hf_config(family, "tiny", dropout)
     with tempfile.TemporaryDirectory() as tmp:
         config.save_pretrained(tmp)

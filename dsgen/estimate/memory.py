@@ -13,7 +13,13 @@ from dataclasses import dataclass, replace
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.estimate.activations import estimate_activations
-from dsgen.estimate.model_states import FP32, OPTIMIZER_STATE_BYTES, model_state_bytes
+from dsgen.estimate.model_states import (
+    FP32,
+    OPTIMIZER_STATE_BYTES,
+    gradient_bytes_by_phase,
+    model_state_bytes,
+    offloaded_optimizer_bytes,
+)
 from dsgen.plan import Plan
 from dsgen.spec.types import Hardware, Training
 
@@ -100,7 +106,8 @@ def buffer_bytes(shape: ModelShape, plan: Plan) -> int:
         return 0
     w = plan.dtype_bytes
     k = plan.knobs
-    copies = 2 if k.overlap_comm else 1
+    # ZeRO-1/2 double the reduce bucket with overlap_comm; ZeRO-3 keeps one (measured).
+    copies = 2 if k.overlap_comm and plan.zero_stage < 3 else 1
     reduce = copies * w * min(k.reduce_bucket_size, shape.parameter_count())
     if plan.zero_stage < 3:
         return reduce
@@ -144,12 +151,11 @@ def host_bytes(shape: ModelShape, plan: Plan, hardware: Hardware, optimizer: str
     ranks = hardware.gpus_per_node
     per_rank_partition = -(-p // n)
     w = plan.dtype_bytes
-    master = FP32 if plan.mixed_precision else 0
-    state = OPTIMIZER_STATE_BYTES[optimizer]
     offloaded = 0
     if plan.offload_optimizer == "cpu":
-        # fp32 master weights, optimizer states and the fp32 gradient partition live in host RAM
-        offloaded += int(ranks * (master + state + FP32) * per_rank_partition * plan.offload_ratio)
+        # fp32 master weights (also in fp32 training), optimizer states, fp32 gradients and the
+        # 16-bit staging copies DeepSpeed pins for offload (model_states.offloaded_optimizer_bytes)
+        offloaded += int(ranks * offloaded_optimizer_bytes(shape, plan, optimizer) * plan.offload_ratio)
     elif plan.offload_optimizer == "nvme":
         # fp32 gradients stay on the host; states are swapped through pinned buffers
         swap = 4 * min(plan.knobs.sub_group_size, per_rank_partition) * FP32
@@ -226,12 +232,14 @@ def estimate_memory(
     ``estimate_zero2/3_model_states_mem_needs``; activations, buffers and overheads, which that
     estimator ignores, stay dsgen's.
     """
-    params, grads, optimizer_states = model_state_bytes(shape, plan, training.optimizer.type)
+    params, _, optimizer_states = model_state_bytes(shape, plan, training.optimizer.type)
+    backward_grads, grads = gradient_bytes_by_phase(shape, plan)
     optimizer_states += partial_offload_on_gpu(shape, plan, training.optimizer.type)
     host_total, offloaded = host_bytes(shape, plan, hardware, training.optimizer.type)
     process = hardware.gpus_per_node * HOST_BYTES_PER_RANK
     if accounting == "deepspeed-estimator":
         params, grads, optimizer_states, offloaded = estimator_model_states(shape, plan, hardware)
+        backward_grads = backward_gradient_bytes(plan, shape.parameter_count(), grads)
         host_total = process + offloaded
     elif accounting != "dsgen":
         raise ValueError(f"unknown accounting {accounting!r}; expected one of {ACCOUNTINGS}")
@@ -256,7 +264,7 @@ def estimate_memory(
         transient=transient,
         overhead=fixed + int(ALLOCATOR_SLACK * dynamic),
         capacity=hardware.gpu.memory_bytes,
-        backward_gradients=backward_gradient_bytes(plan, shape.parameter_count(), grads),
+        backward_gradients=backward_grads,
         step_overhead=fixed,
     )
     cpu = HostMemory(total=host_total, capacity=hardware.cpu_memory_bytes, offloaded_states=offloaded, process=process)

@@ -1,11 +1,48 @@
 """Model states on one GPU: parameters, gradients and optimizer states under ZeRO 0-3 and offload.
 
-Follows the ZeRO paper's partitioning with the tensors DeepSpeed actually allocates for mixed
-precision (fp32 master weights and an fp32 gradient for the rank's optimizer partition;
-``stage_1_and_2.py`` / ``stage3.py``). See docs/memory-model.md.
+The accounting follows the tensors DeepSpeed 0.19.8 really allocates (read from
+``runtime/fp16/fused_optimizer.py``, ``runtime/zero/stage_1_and_2.py``, ``stage3.py`` and
+``partition_parameters.py``, and measured by ``bench/model_state_accuracy.py``):
+
+* stage 0, 16-bit: ``FP16_Optimizer`` flattens the 16-bit weights, keeps a flat fp32 master copy
+  and, inside ``step()``, builds a flat fp32 gradient before it drops the 16-bit ``param.grad``s.
+  fp32: no wrapper; the optimizer updates the model's own weights from ``param.grad``.
+* stages 1-2 (``DeepSpeedZeroOptimizer``): the 16-bit weights live in one flat buffer padded to a
+  multiple of ``2·N`` elements (``nccl_start_alignment_factor`` × ranks); every rank owns an equal
+  slice of it and keeps an fp32 master copy of that slice *also in fp32 training*. After backward
+  the rank holds its gradient slice in a contiguous buffer sized by the parameters that overlap
+  the slice, *whole* (a tensor crossing a slice boundary is held in full on both ranks); the
+  optimizer step makes an fp32 copy of the slice before it frees that buffer. Stage 2 reduces
+  gradients bucket by bucket during backward; with gradient accumulation its boundary micro-step
+  holds the gradients accumulated so far and a new buffer, two buffers at once. Stage 1 reduces
+  only at the accumulation boundary, after backward, so until then it holds every ``param.grad``
+  whole.
+  With CPU offload the fp32 copy, master and states live on the host, the GPU keeps one
+  largest-tensor gradient staging buffer, and the host also holds a 16-bit copy of the slice and
+  a largest-tensor staging buffer.
+* stage 3 (``DeepSpeedZeroOptimizer_Stage3``): each tensor is split on its own into ``⌈n/N⌉``
+  elements per rank; tensors of at most ``param_persistence_threshold`` elements are also kept
+  whole on every rank. Gradients: a persistent 16-bit buffer of the rank's partitions, plus, in
+  the step, the fp32 gradient of one optimizer sub-group (``sub_group_size``) at a time. The fp32
+  master copy exists in fp32 training too. With optimizer offload (CPU or NVMe) the gradient
+  buffer moves to the host with the fp32 gradients, master and states.
+
+"Gradients" is the most gradient memory held at any one moment of a step: the hand-off inside
+the optimizer step where the fp32 gradient has been formed and the gradients it was formed from
+are not yet freed (DeepSpeed's own estimator counts both, "2 grads16 + 4 grads32"), or, if that
+is more, the 16-bit gradients at the end of backward (ZeRO-1: all of them, whole, before the
+boundary reduction; ZeRO-2 with accumulation: two partition buffers). Single-statement
+temporaries (a flattened copy that dies on the same line) are not counted. One optimizer
+parameter group is assumed, as ``deepspeed.initialize(model_parameters=model.parameters())``
+gives. See docs/memory-model.md.
 """
 
 from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass
+from functools import lru_cache
+from itertools import accumulate
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.plan import Plan
@@ -15,47 +52,232 @@ FP32 = 4
 # Optimizer state bytes per parameter, not counting the fp32 master copy.
 OPTIMIZER_STATE_BYTES = {"adamw": 8, "adam": 8, "lion": 4, "sgd": 4, "adagrad": 4}
 
+# stage_1_and_2.py: "align nccl all-gather send buffers to 4-byte boundary" -> the flat 16-bit
+# group is padded to a multiple of this many elements times the data-parallel size.
+NCCL_START_ALIGNMENT_FACTOR = 2
 
+
+def _linear(fan_in: int, fan_out: int, bias: bool) -> tuple[int, ...]:
+    return (fan_in * fan_out, fan_out) if bias else (fan_in * fan_out,)
+
+
+@lru_cache(maxsize=256)
+def parameter_tensors(shape: ModelShape) -> tuple[int, ...]:
+    """Element counts of the model's parameter tensors in ``model.parameters()`` order.
+
+    The order is the module registration order of the family's transformers implementation
+    (transformers 5; tied output weights appear once, as ``parameters()`` de-duplicates them).
+    ZeRO-1/2 partition the flat concatenation of these tensors in this order, so the order decides
+    which tensors straddle a partition boundary; ZeRO-3 partitions each tensor on its own.
+    """
+    h, q, kv, f = shape.hidden_size, shape.q_size, shape.kv_size, shape.intermediate_size
+    qkv = q + 2 * kv
+    ab, aob, mb = shape.attention_bias, shape.attention_out_bias, shape.mlp_bias
+    norm = (h, h) if shape.norm == "layernorm" else (h,)
+    tensors: list[int] = [shape.vocab_size * h]
+    if shape.learned_position_embeddings:
+        tensors.append(shape.learned_position_embeddings * h)
+    if shape.token_type_embeddings:
+        tensors.append(shape.token_type_embeddings * h)
+    if shape.embedding_norm:
+        tensors += norm
+
+    family = shape.family
+    if family == "gpt2":  # ln_1, c_attn (fused qkv), c_proj, ln_2, c_fc, c_proj
+        layer = (*norm, *_linear(h, qkv, ab), *_linear(q, h, aob), *norm, *_linear(h, f, mb), *_linear(f, h, mb))
+    elif family == "gpt_neox":  # both norms first, then query_key_value, dense, dense_h_to_4h, dense_4h_to_h
+        layer = (*norm, *norm, *_linear(h, qkv, ab), *_linear(q, h, aob), *_linear(h, f, mb), *_linear(f, h, mb))
+    elif family == "bert":  # query, key, value, output.dense, LayerNorm, intermediate, output.dense, LayerNorm
+        attention = (*_linear(h, q, ab), *_linear(h, kv, ab), *_linear(h, kv, ab), *_linear(q, h, aob))
+        layer = (*attention, *norm, *_linear(h, f, mb), *_linear(f, h, mb), *norm)
+    elif family == "phi3":  # o_proj is registered before qkv_proj; fused gate_up_proj
+        layer = (
+            *_linear(q, h, aob),
+            *_linear(h, qkv, ab),
+            *_linear(h, 2 * f, mb),
+            *_linear(f, h, mb),
+            *norm * shape.norms_per_layer,
+        )
+    else:  # llama, mistral, qwen2, gemma2, mixtral: q, k, v, o, then the MLP, then the norms
+        attention = (*_linear(h, q, ab), *_linear(h, kv, ab), *_linear(h, kv, ab), *_linear(q, h, aob))
+        if shape.is_moe:  # router, then all experts as two stacked tensors (transformers >= 5)
+            e = shape.num_experts
+            mlp: tuple[int, ...] = (h * e, e * 2 * f * h, e * h * f)
+        else:
+            gate_up = _linear(h, f, mb) * (2 if shape.gated_mlp else 1)
+            mlp = (*gate_up, *_linear(f, h, mb))
+        layer = (*attention, *mlp, *norm * shape.norms_per_layer)
+    tensors += layer * shape.num_layers
+
+    if shape.final_norm:
+        tensors += norm
+    if not shape.tie_word_embeddings and not shape.encoder_only:
+        tensors.append(shape.vocab_size * h)
+    if shape.pooler:
+        tensors += _linear(h, h, True)
+    return tuple(tensors)
+
+
+def largest_parameter_tensor(shape: ModelShape) -> int:
+    """Elements of the largest single parameter tensor (ZeRO-1/2 offload sizes staging buffers by it)."""
+    return max(parameter_tensors(shape))
+
+
+@lru_cache(maxsize=256)
 def persistent_parameters(shape: ModelShape, threshold: int) -> int:
     """Parameters ZeRO-3 keeps whole on every rank: tensors with at most ``threshold`` elements
-    (norm weights and biases in practice; DeepSpeed's ``param_persistence_threshold``)."""
-    h = shape.hidden_size
-    norm_tensors = [h] * (2 if shape.norm == "layernorm" else 1)
-    per_layer: list[int] = norm_tensors * shape.norms_per_layer
-    if shape.attention_bias:
-        per_layer += [shape.q_size, shape.kv_size, shape.kv_size]
-    if shape.attention_out_bias:
-        per_layer.append(h)
-    if shape.mlp_bias:
-        per_layer += [shape.intermediate_size] * (2 if shape.gated_mlp else 1) + [h]
-    small = sum(n for n in per_layer if n <= threshold) * shape.num_layers
-    tail = norm_tensors * (int(shape.final_norm) + int(shape.embedding_norm))
-    return small + sum(n for n in tail if n <= threshold)
+    (DeepSpeed's ``param_persistence_threshold``, compared with ``<=``)."""
+    return sum(n for n in parameter_tensors(shape) if n <= threshold)
 
 
-def model_state_bytes(shape: ModelShape, plan: Plan, optimizer: str) -> tuple[int, int, int]:
-    """(parameters, gradients, optimizer states) on one GPU, in bytes."""
+@lru_cache(maxsize=1024)
+def zero12_partition(shape: ModelShape, ranks: int) -> int:
+    """Elements of each rank's slice of the flat 16-bit group in ZeRO-1/2, alignment padding included."""
+    alignment = NCCL_START_ALIGNMENT_FACTOR * ranks
+    padded = -(-sum(parameter_tensors(shape)) // alignment) * alignment
+    return padded // ranks
+
+
+@lru_cache(maxsize=1024)
+def zero12_gradient_buffer(shape: ModelShape, ranks: int) -> int:
+    """Elements of the largest per-rank 16-bit gradient buffer in ZeRO-1/2 (no offload).
+
+    ``get_partition_info`` gives a rank every tensor that starts inside its slice or straddles the
+    slice's start, and the contiguous gradient buffer holds those tensors whole; the worst rank counts.
+    """
+    tensors = parameter_tensors(shape)
+    ends = list(accumulate(tensors))
+    starts = [end - n for end, n in zip(ends, tensors, strict=True)]
+    size = zero12_partition(shape, ranks)
+    largest = 0
+    for rank in range(ranks):
+        lo, hi = rank * size, (rank + 1) * size
+        first = bisect_right(starts, lo) - 1  # the tensor holding element lo, if any
+        if first < 0 or ends[first] <= lo:
+            first += 1
+        last = bisect_left(starts, hi) - 1  # the last tensor that starts before hi
+        if last >= first:
+            largest = max(largest, ends[last] - starts[first])
+    return largest
+
+
+@dataclass(frozen=True)
+class Zero3Layout:
+    """Per-rank element counts of ZeRO-3's partitioning of one model."""
+
+    partition: int  # sum of ceil(n / N) over all tensors: the rank's parameter partitions
+    persistent: int  # elements of the tensors kept whole on every rank
+    persistent_partition: int  # the partitions of those persistent tensors
+    largest_sub_group: int  # elements of the largest optimizer sub-group (sub_group_size)
+
+
+@lru_cache(maxsize=1024)
+def zero3_layout(shape: ModelShape, ranks: int, persistence_threshold: int, sub_group_size: int) -> Zero3Layout:
+    """ZeRO-3's per-tensor partitioning (``partition_parameters.py``: each tensor padded to a
+    multiple of N) and its optimizer sub-groups (``stage3.py::_create_fp16_sub_groups``)."""
+    tensors = parameter_tensors(shape)
+    parts = [-(-n // ranks) for n in tensors]
+    total = sum(parts)
+    if sub_group_size >= total:
+        largest_group = total
+    else:
+        largest_group = current = 0
+        for part in parts:
+            current += part
+            if current >= sub_group_size:
+                largest_group, current = max(largest_group, current), 0
+        largest_group = max(largest_group, current)
+    kept = [(n, part) for n, part in zip(tensors, parts, strict=True) if n <= persistence_threshold]
+    return Zero3Layout(
+        partition=total,
+        persistent=sum(n for n, _ in kept),
+        persistent_partition=sum(part for _, part in kept),
+        largest_sub_group=largest_group,
+    )
+
+
+def gradient_bytes_by_phase(shape: ModelShape, plan: Plan) -> tuple[int, int]:
+    """(end of backward, optimizer step): the most gradient bytes one GPU holds in each phase.
+
+    Backward (activations may still be alive): stage 0 and ZeRO-1 hold every ``param.grad`` whole
+    until the boundary reduction; ZeRO-2 its contiguous partition buffer (two of them at the
+    boundary micro-step of gradient accumulation); ZeRO-3 its gradient-partition buffer. Step
+    (activations freed): the hand-off, where the fp32 gradient has been formed from the 16-bit
+    gradients still held. ZeRO-1/2 CPU offload keep a largest-tensor staging buffer throughout.
+    """
     p = shape.parameter_count()
     n = plan.data_parallel_size
     w = plan.dtype_bytes
     stage = plan.zero_stage
-    master = FP32 if plan.mixed_precision else 0
+    offloaded = plan.offload_optimizer != "none"
+    if stage == 0:
+        # 16-bit: FP16_Optimizer adds a flat fp32 copy; fp32: no wrapper, param.grad is stepped
+        return w * p, w * p + (FP32 * p if plan.mixed_precision else 0)
+    if stage < 3:
+        whole = w * p if stage == 1 else 0
+        if offloaded:
+            staging = w * largest_parameter_tensor(shape)
+            return whole + staging, staging
+        buffer = w * zero12_gradient_buffer(shape, n)
+        accumulating = 2 * buffer if stage == 2 and plan.gradient_accumulation_steps > 1 else buffer
+        return max(whole, accumulating), buffer + FP32 * zero12_partition(shape, n)
+    if offloaded:
+        return 0, 0  # the gradient buffer and the fp32 gradients live on the host
+    k = plan.knobs
+    layout = zero3_layout(shape, n, k.param_persistence_threshold, k.sub_group_size)
+    return w * layout.partition, w * layout.partition + FP32 * layout.largest_sub_group
+
+
+def model_state_bytes(shape: ModelShape, plan: Plan, optimizer: str) -> tuple[int, int, int]:
+    """(parameters, gradients, optimizer states) on one GPU, in bytes (the worst rank).
+
+    ``gradients`` is the larger of :func:`gradient_bytes_by_phase`'s two phases.
+    """
+    p = shape.parameter_count()
+    n = plan.data_parallel_size
+    w = plan.dtype_bytes
+    stage = plan.zero_stage
     state = OPTIMIZER_STATE_BYTES[optimizer]
     offloaded = plan.offload_optimizer != "none"
+    grads = max(gradient_bytes_by_phase(shape, plan))
+
+    if stage == 0:
+        # fp32 training has no wrapper (no master copy)
+        master = FP32 if plan.mixed_precision else 0
+        return w * p, grads, (master + state) * p
 
     if stage < 3:
-        params = w * p
-    else:
-        kept = persistent_parameters(shape, plan.knobs.param_persistence_threshold)
-        params = w * kept + (0 if plan.offload_param != "none" else w * -(-(p - kept) // n))
+        size = zero12_partition(shape, n)
+        params = w * size * n  # the flat 16-bit group, padding included
+        return params, grads, 0 if offloaded else (FP32 + state) * size
 
-    # 16-bit gradients: whole for stage 0/1 (accumulated in param.grad), partitioned from stage 2.
-    # CPU offload in ZeRO-1/2 streams gradient partitions to the host, so only the partition stays.
-    grad_partitioned = stage >= 2 or (stage == 1 and offloaded)
-    grads = w * (-(-p // n) if grad_partitioned else p)
-    # Mixed precision adds the fp32 gradient of the rank's optimizer partition (on GPU unless offloaded).
-    if plan.mixed_precision and not offloaded:
-        grads += FP32 * (p if stage == 0 else -(-p // n))
+    k = plan.knobs
+    layout = zero3_layout(shape, n, k.param_persistence_threshold, k.sub_group_size)
+    # Persistent tensors keep their whole data and their partition on the GPU even with offload_param.
+    partitions = layout.persistent_partition if plan.offload_param != "none" else layout.partition
+    params = w * (layout.persistent + partitions)
+    return params, grads, 0 if offloaded else (FP32 + state) * layout.partition
 
-    optimizer_bytes = 0 if offloaded else (master + state) * (p if stage == 0 else -(-p // n))
-    return params, grads, optimizer_bytes
+
+def offloaded_optimizer_bytes(shape: ModelShape, plan: Plan, optimizer: str) -> int:
+    """Host bytes one rank's CPU optimizer offload allocates (0 without offload).
+
+    What DeepSpeed 0.19.8 pins on the host: the fp32 master slice, the optimizer states and the
+    fp32 gradient slice (also in fp32 training), plus for ZeRO-1/2 a 16-bit copy of the slice, a
+    largest-tensor 16-bit gradient staging buffer and, at stage 2 with gradient accumulation,
+    16-bit accumulators for every tensor overlapping the slice (``accumulated_grads_in_cpu``);
+    for ZeRO-3 the 16-bit gradient partitions. Full offload (``offload_ratio`` 1) is assumed.
+    """
+    if plan.offload_optimizer != "cpu" or plan.zero_stage == 0:
+        return 0
+    w = plan.dtype_bytes
+    n = plan.data_parallel_size
+    per_element = FP32 + OPTIMIZER_STATE_BYTES[optimizer] + FP32
+    if plan.zero_stage < 3:
+        host = (per_element + w) * zero12_partition(shape, n) + w * largest_parameter_tensor(shape)
+        if plan.zero_stage == 2 and plan.gradient_accumulation_steps > 1:
+            host += w * zero12_gradient_buffer(shape, n)
+        return host
+    k = plan.knobs
+    layout = zero3_layout(shape, n, k.param_persistence_threshold, k.sub_group_size)
+    return (per_element + w) * layout.partition
