@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import copy
 import itertools
+import multiprocessing as mp
+import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsgen.errors import DsgenError, InfeasibleError
+from dsgen.errors import DsgenError, ExitCode, InfeasibleError
 from dsgen.render import Rendered, render
 from dsgen.resources import schema_path
 from dsgen.solver import Evaluation, require_feasible, solve
@@ -184,17 +186,60 @@ def run_one(sweep: Sweep, run: Run) -> Outcome:
     return Outcome(run, "ok", best, render(spec, best.plan, spec.output.target), None)
 
 
-def run_sweep(sweep: Sweep, progress: Callable[[Outcome], None] | None = None) -> Iterator[Outcome]:
-    """Outcomes of every run, in run order (each run solved independently)."""
-    for run in sweep.runs:
-        try:
-            outcome = run_one(sweep, run)
-        except DsgenError as exc:
-            described = ", ".join(f"{k}={show(v)}" for k, v in run.varied)
-            raise DsgenError(f"run {run.name!r} ({described}): {exc.render()}", exit_code=exc.exit_code) from None
-        if progress:
-            progress(outcome)
-        yield outcome
+def _run_described(sweep: Sweep, run: Run) -> Outcome:
+    try:
+        return run_one(sweep, run)
+    except DsgenError as exc:
+        described = ", ".join(f"{k}={show(v)}" for k, v in run.varied)
+        raise DsgenError(f"run {run.name!r} ({described}): {exc.render()}", exit_code=exc.exit_code) from None
+
+
+_ACTIVE: Sweep | None = None  # the sweep a forked worker process solves (set before forking)
+
+
+def _worker(index: int) -> Outcome | tuple[str, int]:
+    assert _ACTIVE is not None
+    try:
+        return _run_described(_ACTIVE, _ACTIVE.runs[index])
+    except DsgenError as exc:  # carried back as text: the parent raises it again
+        return exc.render(), int(exc.exit_code)
+
+
+PARALLEL_MIN_RUNS = 32
+
+
+def default_workers() -> int:
+    return min(os.cpu_count() or 1, 8)
+
+
+def run_sweep(
+    sweep: Sweep, progress: Callable[[Outcome], None] | None = None, workers: int | None = None
+) -> Iterator[Outcome]:
+    """Outcomes of every run, in run order. Runs are independent, so large sweeps are solved in
+    ``workers`` forked processes (default: the CPU count, at most 8); results keep run order, so
+    the output is the same as a sequential run's."""
+    global _ACTIVE
+    workers = default_workers() if workers is None else workers
+    parallel = workers > 1 and len(sweep.runs) >= PARALLEL_MIN_RUNS and "fork" in mp.get_all_start_methods()
+    if not parallel:
+        for run in sweep.runs:
+            outcome = _run_described(sweep, run)
+            if progress:
+                progress(outcome)
+            yield outcome
+        return
+    _ACTIVE = sweep
+    try:
+        with mp.get_context("fork").Pool(workers) as pool:
+            for result in pool.imap(_worker, range(len(sweep.runs)), chunksize=8):
+                if isinstance(result, tuple):
+                    message, code = result
+                    raise DsgenError(message, exit_code=ExitCode(code))
+                if progress:
+                    progress(result)
+                yield result
+    finally:
+        _ACTIVE = None
 
 
 def manifest_row(sweep: Sweep, outcome: Outcome, written: list[str]) -> dict[str, Any]:

@@ -210,3 +210,16 @@ def test_fifty_run_sweep_is_accepted_by_deepspeed(tmp_path: Path, capsys) -> Non
     for row in written:
         config = json.loads((out / row["files"][0]).read_text())
         ds_oracle.parse_with_deepspeed(config, row["data_parallel_size"])
+
+
+def test_parallel_and_sequential_sweeps_agree(tmp_path: Path) -> None:
+    from dsgen.sweep import manifest_row, run_sweep
+
+    text = SWEEP.replace("[1024, 4096]", "[512, 1024, 2048, 4096, 8192]").replace(
+        "[llama-3.2-1b, qwen2.5-0.5b]", "[llama-3.2-1b, qwen2.5-0.5b, gpt2, llama-3.1-8b]"
+    )
+    sweep = load_sweep(write(tmp_path, text))
+    assert len(sweep.runs) == 40
+    sequential = [manifest_row(sweep, o, []) for o in run_sweep(sweep, workers=1)]
+    parallel = [manifest_row(sweep, o, []) for o in run_sweep(sweep, workers=2)]
+    assert parallel == sequential

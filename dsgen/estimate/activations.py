@@ -21,6 +21,7 @@ intermediate size, ``nh`` heads, ``V`` vocabulary, ``s`` sequence length, ``b`` 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from dsgen.catalog.model_shape import ModelShape
 
@@ -217,6 +218,7 @@ def _bert(shape: ModelShape, e: int, attention: str, micro_batch: int) -> tuple[
     return per_token, attn_quad
 
 
+@lru_cache(maxsize=1024)
 def _per_layer(shape: ModelShape, e: int, attention: str, micro_batch: int) -> tuple[int, int]:
     family = shape.family
     if family == "gemma2":
@@ -230,6 +232,7 @@ def _per_layer(shape: ModelShape, e: int, attention: str, micro_batch: int) -> t
     return _llama_like(shape, e, attention, micro_batch)
 
 
+@lru_cache(maxsize=4096)
 def _outside_layers(shape: ModelShape, e: int, attention: str, checkpointing: bool, b: int, s: int) -> int:
     """Bytes (for the whole micro-batch) saved outside the transformer layers.
 
