@@ -9,7 +9,7 @@ exactly (tests check this against ``transformers`` models built on the meta devi
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import wraps
 from typing import Literal, TypeVar
 
@@ -29,7 +29,7 @@ def _memoized(method: Callable[..., _T]) -> Callable[..., _T]:
             cache = self.__dict__["_memo"]
         except KeyError:
             cache = self.__dict__["_memo"] = {}
-        key = (name, *args, *kwargs.values())
+        key = (name, *args, *kwargs.values()) if args or kwargs else name
         try:
             return cache[key]
         except KeyError:
@@ -90,6 +90,14 @@ class ModelShape:
     max_position_embeddings: int = 4096
     dropout: float = 0.0  # residual/attention dropout probability used in training
     encoder_only: bool = False
+
+    def __hash__(self) -> int:
+        """Hash of the fields, computed once: shapes are lru_cache keys on the solver's hot path."""
+        try:
+            return self.__dict__["_hash"]
+        except KeyError:
+            value = self.__dict__["_hash"] = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            return value
 
     # ---- derived sizes -------------------------------------------------------------------
     @property

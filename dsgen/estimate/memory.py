@@ -72,7 +72,11 @@ class GpuMemory:
 
     @property
     def total(self) -> int:
-        return max(self.forward_backward, self.optimizer_step)
+        try:  # memoised: feasibility checks and ranking ask for it many times per plan
+            return self.__dict__["_total"]
+        except KeyError:
+            value = self.__dict__["_total"] = max(self.forward_backward, self.optimizer_step)
+            return value
 
     @property
     def peak_phase(self) -> str:
