@@ -9,6 +9,12 @@ from pathlib import Path
 from dsgen.errors import DsgenError
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: Path, text: str, *, force: bool) -> None:
     """Write ``text`` to ``path`` via a temporary file and a rename.
 
@@ -26,6 +32,7 @@ def write_atomic(path: Path, text: str, *, force: bool) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
+        os.chmod(tmp_name, 0o666 & ~_umask())  # mkstemp creates 0600; give the usual file mode
         os.replace(tmp_name, path)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -53,6 +54,9 @@ def sweep(
         return
     assert output is not None
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    mask = os.umask(0)
+    os.umask(mask)
+    staging.chmod(0o777 & ~mask)  # mkdtemp creates 0700; the published directory gets the usual mode
     try:
         rows = []
         for outcome in run_sweep(plan, progress):
