@@ -1,4 +1,4 @@
-"""The JSON type name of a Python value, shared by the spec and DeepSpeed-config checkers."""
+"""Small JSON helpers shared by the spec and DeepSpeed-config checkers: type names and pointers."""
 
 from __future__ import annotations
 
@@ -23,3 +23,8 @@ def json_type(value: Any) -> str:
     if isinstance(value, dict):
         return "object"
     return type(value).__name__
+
+
+def escape_pointer_token(token: str) -> str:
+    """Escape one JSON pointer reference token (RFC 6901)."""
+    return token.replace("~", "~0").replace("/", "~1")

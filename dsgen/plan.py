@@ -39,6 +39,8 @@ class ZeroKnobs:
 
 @dataclass(frozen=True)
 class Plan:
+    """One point of the search space: every choice that changes memory or speed, and nothing else."""
+
     precision: str  # bf16 | fp16 | fp32
     zero_stage: int
     offload_optimizer: str  # none | cpu | nvme

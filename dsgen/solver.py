@@ -89,6 +89,8 @@ class Alternative:
 
 @dataclass(frozen=True)
 class SolveResult:
+    """Everything one solve found: the chosen plan, every feasible plan ranked, and why others lost."""
+
     spec: Spec
     best: Evaluation | None  # fastest feasible plan, or the pinned plan when everything is pinned
     ranked: tuple[Evaluation, ...]  # every feasible plan, fastest first

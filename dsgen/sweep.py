@@ -44,6 +44,8 @@ class Run:
 
 @dataclass(frozen=True)
 class Sweep:
+    """An expanded sweep: every run's name and spec, in the order the sweep file defines them."""
+
     file: str
     runs: tuple[Run, ...]
     varied_keys: tuple[str, ...]

@@ -750,12 +750,12 @@ def test_broken_preset_data_is_a_packaging_error(
     file = tmp_path / "gpus.yaml"
     file.write_text(json.dumps({"test-gpu": entry}), encoding="utf-8")  # JSON is YAML
     monkeypatch.setattr(presets, "GPUS_FILE", file)
-    presets._gpus.cache_clear()
+    presets._forget_loaded()
     try:
         with pytest.raises(ValueError, match=re.escape(fragment)):
             presets.gpu_presets()
     finally:
-        presets._gpus.cache_clear()  # the next caller reloads the real file
+        presets._forget_loaded()  # the next caller reloads the real file
 
 
 # ---- (d) lookups ----------------------------------------------------------------------------------

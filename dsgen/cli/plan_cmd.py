@@ -1,6 +1,8 @@
-"""``dsgen new`` (solve, render, validate, write) and ``dsgen solve`` (report only)."""
+"""``dsgen new`` (solve, render, validate, write) and ``dsgen solve`` (report only).
 
-from __future__ import annotations
+No ``from __future__ import annotations`` here: typer reads these signatures on every start, and
+annotations that are already objects save it compiling each string again.
+"""
 
 import json
 from enum import Enum
@@ -34,9 +36,9 @@ AccountingOpt = Annotated[
 
 
 def register(app: typer.Typer) -> None:
-    app.command("new")(new)
-    app.command("solve")(solve)
-    app.command("explain")(explain)
+    """Add this module's commands to ``app``."""
+    for name, command in COMMANDS.items():
+        app.command(name)(command)
 
 
 def new(
@@ -113,3 +115,7 @@ def explain(spec_file: SpecArg, overrides: SetOpt = None, accounting: Accounting
     typer.echo(explanation(result))
     if not result.feasible:
         raise typer.Exit(int(ExitCode.INFEASIBLE))
+
+
+# The commands this module provides, by the name users type (dsgen.cli registers them lazily).
+COMMANDS = {"new": new, "solve": solve, "explain": explain}

@@ -16,7 +16,9 @@ class PresetKind(str, Enum):
 
 
 def register(app: typer.Typer) -> None:
-    app.command("presets")(presets)
+    """Add this module's commands to ``app``."""
+    for name, command in COMMANDS.items():
+        app.command(name)(command)
 
 
 def presets(
@@ -51,3 +53,7 @@ def presets(
             f"{name:<16} {m.family:<9} {m.parameter_count() / 1e9:>8.2f}B {m.num_layers:>6} {m.hidden_size:>6} "
             f"{m.num_attention_heads:>5} {m.num_key_value_heads:>3} {m.vocab_size:>7}"
         )
+
+
+# The commands this module provides, by the name users type (dsgen.cli registers them lazily).
+COMMANDS = {"presets": presets}

@@ -18,7 +18,9 @@ from dsgen.errors import DsgenError, ExitCode
 
 
 def register(app: typer.Typer) -> None:
-    app.command("sweep")(sweep)
+    """Add this module's commands to ``app``."""
+    for name, command in COMMANDS.items():
+        app.command(name)(command)
 
 
 def sweep(
@@ -154,3 +156,7 @@ class _Progress:
     def close(self) -> None:
         if self.tty and self.done:
             sys.stderr.write("\n")
+
+
+# The commands this module provides, by the name users type (dsgen.cli registers them lazily).
+COMMANDS = {"sweep": sweep}

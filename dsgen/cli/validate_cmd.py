@@ -19,9 +19,9 @@ SCHEMA_NAMES = ("deepspeed", "spec", "sweep")
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``validate`` and ``schema`` to the dsgen app."""
-    app.command("validate")(validate)
-    app.command("schema")(schema)
+    """Add this module's commands to ``app``."""
+    for name, command in COMMANDS.items():
+        app.command(name)(command)
 
 
 def _fail(message: str) -> typer.Exit:
@@ -103,3 +103,7 @@ def schema(
     except (OSError, FileNotFoundError):
         raise _fail(f"the {name} schema is not available in this installation") from None
     typer.echo(text, nl=not text.endswith("\n"))
+
+
+# The commands this module provides, by the name users type (dsgen.cli registers them lazily).
+COMMANDS = {"validate": validate, "schema": schema}

@@ -85,6 +85,8 @@ class GpuMemory:
 
 @dataclass(frozen=True)
 class HostMemory:
+    """Host RAM per node, bytes: what the plan needs, what the node has, and the offload share of it."""
+
     total: int
     capacity: int
     offloaded_states: int
@@ -93,12 +95,16 @@ class HostMemory:
 
 @dataclass(frozen=True)
 class NvmeMemory:
+    """NVMe bytes per node the plan writes (ZeRO-Infinity offload) against the drive's capacity."""
+
     total: int
     capacity: int
 
 
 @dataclass(frozen=True)
 class MemoryEstimate:
+    """Every memory prediction for one plan: per GPU (worst rank), host and NVMe per node."""
+
     gpu: GpuMemory
     cpu: HostMemory
     nvme: NvmeMemory

@@ -25,6 +25,8 @@ COLLECTIVE_LATENCY_S = {"intra": 30e-6, "inter": 100e-6}  # fixed cost of launch
 
 @dataclass(frozen=True)
 class StepTime:
+    """One optimizer step's predicted wall time, split into what the plan's choices trade against each other."""
+
     compute_s: float
     exposed_comm_s: float
     offload_s: float

@@ -29,6 +29,8 @@ SUPPORTED_KEYWORDS = frozenset(
 
 @dataclass
 class SchemaError:
+    """One schema violation, shaped like ``jsonschema.ValidationError`` so the friendly messages serve both."""
+
     validator: str
     schema: dict[str, Any]
     instance: Any

@@ -17,6 +17,8 @@ GIB = 1 << 30
 
 @dataclass(frozen=True)
 class NvmeSpec:
+    """A local NVMe drive DeepSpeed may offload to (ZeRO-Infinity): where it is, how big, how fast."""
+
     path: str
     capacity_gib: float
     bandwidth_gbps: float = 3.0
@@ -28,6 +30,8 @@ class NvmeSpec:
 
 @dataclass(frozen=True)
 class Hardware:
+    """The cluster one run gets: a GPU type, how many per node and nodes, host RAM and links."""
+
     gpu: GpuSpec
     gpus_per_node: int = 8
     nodes: int = 1
@@ -47,6 +51,8 @@ class Hardware:
 
 @dataclass(frozen=True)
 class Optimizer:
+    """The optimizer the user trains with; its type decides the bytes of state per parameter."""
+
     type: str = "adamw"
     lr: float = 1e-4
     weight_decay: float = 0.0
@@ -57,6 +63,8 @@ class Optimizer:
 
 @dataclass(frozen=True)
 class Scheduler:
+    """The learning-rate schedule rendered into the config (it does not change memory or speed)."""
+
     type: str = "warmup_decay"
     warmup_steps: int = 100
     total_steps: int = 10000
@@ -64,6 +72,8 @@ class Scheduler:
 
 @dataclass(frozen=True)
 class Training:
+    """What one optimizer step is: sequence length, batch, precision, attention kernel, optimizer."""
+
     sequence_length: int
     global_batch_size: int | None = None  # sequences per optimizer step ...
     tokens_per_step: int | None = None  # ... or tokens per step: exactly one is set
@@ -91,12 +101,16 @@ class Constraints:
 
 @dataclass(frozen=True)
 class Output:
+    """Where and in which flavour ``dsgen new`` writes the rendered config."""
+
     target: str = "deepspeed"
     path: str = "ds_config.json"
 
 
 @dataclass(frozen=True)
 class Spec:
+    """The whole validated spec with presets resolved: the solver's only input."""
+
     model: ModelShape
     hardware: Hardware
     training: Training

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dsgen.errors import DsgenError
+from dsgen.jsontypes import escape_pointer_token
 
 Position = tuple[int, int]
 
@@ -67,11 +68,6 @@ class LoadedConfig:
     data: Any
     positions: dict[str, Position] = field(default_factory=dict)
     duplicates: list[Duplicate] = field(default_factory=list)
-
-
-def escape_pointer_token(token: str) -> str:
-    """Escape one JSON pointer reference token (RFC 6901)."""
-    return token.replace("~", "~0").replace("/", "~1")
 
 
 class _Parser:

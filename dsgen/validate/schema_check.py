@@ -25,9 +25,8 @@ from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from typing import Any
 
-from dsgen.jsontypes import json_type
+from dsgen.jsontypes import escape_pointer_token, json_type
 from dsgen.resources import schema_path
-from dsgen.validate.loader import escape_pointer_token
 from dsgen.validate.versions import apply_patches, profile
 
 #: Keywords this interpreter understands; anything else in the schema is a test failure.
@@ -115,6 +114,8 @@ class AutoSite:
 
 @dataclass
 class SchemaResult:
+    """What the schema pass found in one config: issues, and the places that say ``"auto"``."""
+
     issues: list[Issue] = field(default_factory=list)
     autos: list[AutoSite] = field(default_factory=list)
 

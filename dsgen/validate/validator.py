@@ -5,15 +5,18 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dsgen.errors import DsgenError
 from dsgen.jsontypes import json_type
-from dsgen.validate import loader, schema_check
+from dsgen.validate import schema_check
 from dsgen.validate.findings import Finding, Report
 from dsgen.validate.rules import Context, run_rules
 from dsgen.validate.targets import check_target
 from dsgen.validate.versions import normalize_version, profile
+
+if TYPE_CHECKING:
+    from dsgen.validate import loader
 
 
 def validate_config(
@@ -60,6 +63,8 @@ def validate_file(
     Unreadable or unparseable files raise :class:`DsgenError` whose message starts with
     ``file:line:col``; duplicate keys become ``duplicate-key`` findings.
     """
+    from dsgen.validate import loader  # the file parser; validating a dict does not need it
+
     loaded = loader.load(path)
     return _validate(
         loaded.data,

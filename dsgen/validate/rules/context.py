@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from functools import cached_property
 from typing import Any
 
+from dsgen.jsontypes import escape_pointer_token
 from dsgen.validate.findings import Finding
-from dsgen.validate.loader import escape_pointer_token
 from dsgen.validate.rules.registry import RULES
 from dsgen.validate.schema_check import AutoSite
 from dsgen.validate.targets import resolves_auto

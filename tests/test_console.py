@@ -1,0 +1,50 @@
+"""The console entry (``python -m dsgen`` / the ``dsgen`` script) ends the process itself with
+``os._exit``: everything printed must still arrive whole and the exit codes must be the CLI's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO_ROOT
+
+EXAMPLE = REPO_ROOT / "examples" / "llama-3.1-8b-8xh100.yaml"
+
+
+def _dsgen(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "dsgen", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=120
+    )
+
+
+def test_json_output_arrives_whole_through_a_pipe(tmp_path: Path) -> None:
+    done = _dsgen("solve", str(EXAMPLE), "--json", "--top", "50", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    body = json.loads(done.stdout)  # a truncated buffer would not parse
+    assert body["feasible"] is True
+    assert len(body["ranked"]) > 1
+
+
+def test_new_writes_the_file_and_reports_it(tmp_path: Path) -> None:
+    out = tmp_path / "ds.json"
+    done = _dsgen("new", str(EXAMPLE), "-o", str(out), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.rstrip().endswith(f"wrote {out}")
+    assert json.loads(out.read_text())["train_batch_size"] > 0
+
+
+def test_exit_codes_survive_the_fast_exit(tmp_path: Path) -> None:
+    bad = _dsgen("new", str(tmp_path / "missing.yaml"), cwd=tmp_path)
+    assert bad.returncode == 2
+    assert "spec file not found" in bad.stderr
+    infeasible = _dsgen(
+        "solve", str(EXAMPLE), "--set", "hardware.gpu=t4", "--set", "constraints.offload_optimizer=none", cwd=tmp_path
+    )
+    assert infeasible.returncode == 3, infeasible.stderr
+    usage = _dsgen(cwd=tmp_path)
+    assert usage.returncode == 2
+    assert "Commands:" in usage.stdout + usage.stderr
