@@ -1,8 +1,10 @@
 """dsgen's model-state prediction against the tensors real DeepSpeed allocates.
 
-For each case (ZeRO 0-3 and CPU optimizer offload at stage 2 and 3, each in bf16 and fp32, plus
-ZeRO-1 offload in bf16; AdamW)
-this builds a dsgen spec for a Llama model read from a config.json (2 GPUs on one node, every search
+For each case (AdamW, which DeepSpeed builds from the config: ZeRO 0-3 and CPU optimizer offload
+at stage 2 and 3, each in bf16 and fp32, plus ZeRO-1 offload in bf16; and two client optimizers
+the worker builds and passes to ``deepspeed.initialize``, ``torch.optim.Adafactor`` and
+bitsandbytes' ``AdamW8bit``: ZeRO-0 in fp32 and bf16, ZeRO 1-3 in bf16; the 8-bit cases run only
+where bitsandbytes is importable, ``pip install --no-deps bitsandbytes``) this builds a dsgen spec for a Llama model read from a config.json (2 GPUs on one node, every search
 dimension pinned: micro-batch 1, gradient accumulation 2, no checkpointing), solves it, renders the
 DeepSpeed config and trains the model with that config for one optimizer step on DeepSpeed's CPU
 accelerator (2 ranks, gloo, one torchrun launch per model running its cases in turn). Inside every
@@ -52,6 +54,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
+import importlib.util
 import json
 import os
 import signal
@@ -102,6 +106,7 @@ class Case:
     stage: int
     precision: str
     offload: str  # offload_optimizer: none | cpu
+    optimizer: str = "adamw"  # adamw (DeepSpeed builds it) or a client optimizer the worker builds
 
 
 CASES = tuple(
@@ -109,7 +114,15 @@ CASES = tuple(
     for stage, offload in ((0, "none"), (1, "none"), (2, "none"), (3, "none"), (1, "cpu"), (2, "cpu"), (3, "cpu"))
     for precision in ("bf16", "fp32")
     if (stage, offload, precision) != (1, "cpu", "fp32")  # ZeRO-1 offload: bf16 only, to keep the run short
+) + tuple(
+    # Client optimizers (never offloaded): without ZeRO the optimizer sees the model's shapes (fp32)
+    # or FP16_UnfusedOptimizer's fp32 copies (bf16); ZeRO-1/2/3 hand it flat partitions.
+    Case(f"zero{stage}-{precision}-{optimizer}", stage, precision, "none", optimizer)
+    for optimizer in ("adafactor", "adamw-8bit")
+    for stage, precision in ((0, "fp32"), (0, "bf16"), (1, "bf16"), (2, "bf16"), (3, "bf16"))
 )
+# What the worker builds for each client optimizer (bitsandbytes is optional: pip install --no-deps bitsandbytes).
+CLIENT_OPTIMIZERS = {"adafactor": ("torch", "optim.Adafactor"), "adamw-8bit": ("bitsandbytes", "optim.AdamW8bit")}
 TERMS = ("parameters", "gradients", "optimizer_states")
 
 
@@ -124,7 +137,7 @@ training:
   sequence_length: {SEQUENCE_LENGTH}
   global_batch_size: {MICRO_BATCH * ACCUMULATION * RANKS}
   precision: {case.precision}
-  optimizer: {{type: adamw, lr: 1.0e-4, weight_decay: 0.0}}
+  optimizer: {{type: {case.optimizer}, lr: 1.0e-4, weight_decay: 0.0}}
 constraints:
   zero_stage: {case.stage}
   offload_optimizer: {case.offload if case.stage else "none"}
@@ -205,7 +218,7 @@ def run_model(model: str, cases: list[Case], workdir: Path) -> list[dict[str, An
     job = {
         "hf_config": str(config_json),
         "out": str(workdir / f"{model}-results"),
-        "cases": [{"name": c.name, "config": prepared[c.name]["config"]} for c in cases],
+        "cases": [{"name": c.name, "config": prepared[c.name]["config"], "optimizer": c.optimizer} for c in cases],
     }
     job_file = workdir / f"{model}-job.json"
     job_file.write_text(json.dumps(job))
@@ -347,6 +360,16 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.cases.split(",")) - {c.name for c in CASES} if args.cases != "all" else set()
     if unknown or not wanted:
         parser.error(f"unknown cases: {', '.join(sorted(unknown)) or args.cases}")
+    missing = sorted(
+        {c.optimizer for c in wanted if c.optimizer in CLIENT_OPTIMIZERS}
+        - {name for name, (module, _) in CLIENT_OPTIMIZERS.items() if importlib.util.find_spec(module)}
+    )
+    if missing:
+        print(
+            f"NOT RUN: the {', '.join(missing)} cases (bitsandbytes is not importable here; "
+            "pip install --no-deps bitsandbytes to measure them)"
+        )
+        wanted = [c for c in wanted if c.optimizer not in missing]
     start = time.monotonic()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="dsgen-model-states-") as tmp:
@@ -518,7 +541,16 @@ def run_case(case: dict[str, Any], hf_config: Path, rank: int) -> dict[str, Any]
             model = build()
     else:
         model = build()
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()), config=config)
+    client = None
+    if case.get("optimizer", "adamw") in CLIENT_OPTIMIZERS:  # the config has no optimizer block
+        module_name, attribute = CLIENT_OPTIMIZERS[case["optimizer"]]
+        module: Any = importlib.import_module(module_name)
+        for part in attribute.split("."):
+            module = getattr(module, part)
+        client = module(list(model.parameters()), lr=1e-4)
+    engine, *_ = deepspeed.initialize(
+        model=model, model_parameters=list(model.parameters()), optimizer=client, config=config
+    )
     opt, basic = engine.optimizer, engine.basic_optimizer
     peak = dict.fromkeys((*CATEGORIES, "other"), 0)
     phase_gradients = {"backward": 0, "step": 0}  # end of backward (activations may live) / step

@@ -14,6 +14,7 @@ from functools import cache
 from typing import Any
 
 from dsgen.errors import DsgenError, ExitCode
+from dsgen.estimate.optimizers import is_client_optimizer
 from dsgen.plan import Plan
 from dsgen.resources import template_dir
 from dsgen.spec.types import Spec
@@ -72,6 +73,10 @@ def optimizer_block(spec: Spec) -> dict[str, Any]:
     """DeepSpeed's optimizer section for the spec's optimizer (names as DeepSpeed resolves them)."""
     o = spec.training.optimizer
     betas = list(o.betas)
+    if is_client_optimizer(o.type):
+        # built by the training script and passed to deepspeed.initialize(optimizer=...): the
+        # config names no optimizer, and ZeRO must be told to accept one it has not tested
+        return {"type": None, "params": None, "untested": True}
     if o.type == "adamw":
         return {
             "type": "AdamW",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dsgen.estimate.optimizers import CLIENT_OPTIMIZERS, is_client_optimizer
 from dsgen.plan import Plan
 from dsgen.solver import GIB, Evaluation, SolveResult, gib
 from dsgen.spec.types import Spec
@@ -157,6 +158,12 @@ def script_requirements(spec: Spec, plan: Plan) -> str:
     if spec.training.attention == "flash":
         needs.append(
             'load the model with attn_implementation="flash_attention_2" (memory was sized for FlashAttention)'
+        )
+    optimizer = spec.training.optimizer
+    if is_client_optimizer(optimizer.type):
+        needs.append(
+            f"build the optimizer and pass it to deepspeed.initialize(optimizer={CLIENT_OPTIMIZERS[optimizer.type]}"
+            f"(model.parameters(), lr={optimizer.lr:g}, ...)) (the config has no optimizer block)"
         )
     if plan.zero_stage == 3:
         needs.append(

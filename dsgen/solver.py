@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.errors import DsgenError, InfeasibleError
 from dsgen.estimate.memory import HOST_RESERVE, MemoryEstimate, estimate_memory
+from dsgen.estimate.optimizers import is_client_optimizer
 from dsgen.estimate.throughput import StepTime, estimate_step_time
 from dsgen.plan import Plan, ZeroKnobs
 from dsgen.spec.types import Spec
@@ -301,7 +302,8 @@ def _structures(spec: Spec) -> Iterator[_Structure]:
     for stage in _choices(c.zero_stage, [0, 1, 2, 3]):
         # ZeRO-1/2 treat an NVMe optimizer device as CPU offload; only ZeRO-3 swaps to NVMe.
         optimizer_targets = offload_targets if stage == 3 else ["none", "cpu"]
-        if stage == 0:
+        if stage == 0 or is_client_optimizer(spec.training.optimizer.type):
+            # a client optimizer (Adafactor, 8-bit AdamW) is never offloaded: see the spec loader
             optimizer_offloads = ["none"]
         elif c.offload_optimizer is None:
             optimizer_offloads = optimizer_targets

@@ -287,6 +287,7 @@ def train_steps(
     timeout: float = 600,
     checkpointing: bool = False,
     seq_len: int = 32,
+    client_optimizer: str | None = None,
 ) -> TrainResult:
     """Train ``model`` for ``steps`` optimizer steps with ``config`` on ``ranks`` CPU processes.
 
@@ -296,6 +297,8 @@ def train_steps(
     ``checkpointing`` turns on HF activation checkpointing in the model, as a plan with
     activation checkpointing would (DeepSpeed's own ``activation_checkpointing`` config section
     only affects ``deepspeed.checkpointing`` users, so the config alone cannot express it).
+    ``client_optimizer`` (``"adafactor"``) makes the worker build that optimizer and pass it to
+    ``deepspeed.initialize``, as the script must when the config has no optimizer block.
 
     Never raises for a failed run: the returned :class:`TrainResult` carries the return code and
     the full log. On timeout the whole process group is killed and ``timed_out`` is set.
@@ -324,6 +327,8 @@ def train_steps(
     ]
     if checkpointing:
         cmd.append("--activation-checkpointing")
+    if client_optimizer:
+        cmd += ["--client-optimizer", client_optimizer]
 
     start = time.monotonic()
     # Own session/process group, so a timeout can kill torchrun *and* every rank it spawned.

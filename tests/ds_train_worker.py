@@ -68,6 +68,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seq-len", type=int, default=32)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument(
+        "--client-optimizer",
+        choices=["adafactor"],
+        help="build this optimizer in the script and pass it to deepspeed.initialize (the config has no "
+        "optimizer block), as dsgen tells users to for client optimizers",
+    )
+    parser.add_argument(
         "--activation-checkpointing",
         action="store_true",
         help="enable HF activation (gradient) checkpointing on the model, as Trainer does",
@@ -159,9 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         model = _build_model(args.model, args.seq_len, args.activation_checkpointing)
 
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    client_optimizer = torch.optim.Adafactor(trainable, lr=1e-3) if args.client_optimizer == "adafactor" else None
     engine, _, _, _ = deepspeed.initialize(
         model=model,
-        model_parameters=[p for p in model.parameters() if p.requires_grad],
+        model_parameters=trainable,
+        optimizer=client_optimizer,
         config=str(args.config),
     )
 

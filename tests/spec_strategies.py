@@ -66,7 +66,7 @@ def specs(draw: st.DrawFn) -> dict[str, Any]:
             "global_batch_size": dp * draw(st.sampled_from([1, 2, 3, 4, 8, 16])),
             "attention": draw(st.sampled_from(["flash", "sdpa", "eager"])),
             "optimizer": {
-                "type": draw(st.sampled_from(["adamw", "adam", "lion", "sgd", "adagrad"])),
+                "type": draw(st.sampled_from(["adamw", "adam", "lion", "sgd", "adagrad", "adafactor", "adamw-8bit"])),
                 "lr": draw(st.sampled_from([1e-5, 3e-4])),
             },
             "scheduler": {"type": draw(st.sampled_from(["none", "warmup", "warmup_decay", "warmup_cosine"]))},

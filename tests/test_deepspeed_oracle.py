@@ -83,7 +83,7 @@ training:
   global_batch_size: 8
   precision: bf16
   attention: sdpa
-  optimizer: {{type: adamw, lr: 1.0e-3}}
+  optimizer: {{type: {optimizer}, lr: 1.0e-3}}
 constraints:
 {constraints}
 """
@@ -93,6 +93,8 @@ TRAINING_PLANS = {
     "zero2": "  zero_stage: 2\n  offload_optimizer: none\n  activation_checkpointing: false\n  micro_batch_size: 4",
     "zero3": "  zero_stage: 3\n  offload_optimizer: none\n  offload_param: none\n  activation_checkpointing: true\n  micro_batch_size: 2",
     "zero2-cpu-offload": "  zero_stage: 2\n  offload_optimizer: cpu\n  activation_checkpointing: false\n  micro_batch_size: 1",
+    # a client optimizer: no optimizer block; the script passes torch.optim.Adafactor
+    "zero2-adafactor": "  zero_stage: 2\n  offload_optimizer: none\n  activation_checkpointing: false\n  micro_batch_size: 2",
 }
 
 
@@ -101,8 +103,11 @@ TRAINING_PLANS = {
 def test_rendered_plan_trains_two_steps_under_real_deepspeed(name: str, tmp_path: Path, oracle: Any) -> None:
     require_module("transformers")
     spec_file = tmp_path / "spec.yaml"
+    optimizer = "adafactor" if name.endswith("adafactor") else "adamw"
     spec_file.write_text(
-        TINY_SPEC.format(config=EXAMPLES_DIR / "tiny-llama" / "config.json", constraints=TRAINING_PLANS[name])
+        TINY_SPEC.format(
+            config=EXAMPLES_DIR / "tiny-llama" / "config.json", constraints=TRAINING_PLANS[name], optimizer=optimizer
+        )
     )
     spec = load_spec(spec_file)
     result = solve_spec(spec)
@@ -110,8 +115,16 @@ def test_rendered_plan_trains_two_steps_under_real_deepspeed(name: str, tmp_path
     plan = result.best.plan
     config = render_plan(spec, plan).config
     assert plan.data_parallel_size == 2
+    assert ("optimizer" in config) == (optimizer == "adamw")
     outcome = oracle.train_steps(
-        config, tmp_path=tmp_path, ranks=2, steps=2, checkpointing=plan.activation_checkpointing
+        config,
+        tmp_path=tmp_path,
+        ranks=2,
+        steps=2,
+        checkpointing=plan.activation_checkpointing,
+        client_optimizer=None if optimizer == "adamw" else optimizer,
     )
     assert outcome.returncode == 0, outcome.log[-4000:]
     assert len(outcome.losses) == 2, outcome.log[-4000:]
+    if optimizer == "adafactor":
+        assert outcome.info.get("optimizer") == "Adafactor", outcome.info

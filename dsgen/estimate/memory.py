@@ -15,11 +15,11 @@ from dsgen.catalog.model_shape import ModelShape
 from dsgen.estimate.activations import estimate_activations
 from dsgen.estimate.model_states import (
     FP32,
-    OPTIMIZER_STATE_BYTES,
     gradient_bytes_by_phase,
     model_state_bytes,
     offloaded_optimizer_bytes,
 )
+from dsgen.estimate.optimizers import flat_state_bytes
 from dsgen.plan import Plan
 from dsgen.spec.types import Hardware, Training
 
@@ -137,9 +137,9 @@ def partial_offload_on_gpu(shape: ModelShape, plan: Plan, optimizer: str) -> int
     if plan.offload_optimizer != "cpu" or plan.offload_ratio >= 1:
         return 0
     master = FP32 if plan.mixed_precision else 0
-    per_param = master + OPTIMIZER_STATE_BYTES[optimizer] + FP32
     partition = -(-shape.parameter_count() // plan.data_parallel_size)
-    return int((1 - plan.offload_ratio) * per_param * partition)
+    per_partition = (master + FP32) * partition + flat_state_bytes(optimizer, (partition,))
+    return int((1 - plan.offload_ratio) * per_partition)
 
 
 def transient_bytes(shape: ModelShape, plan: Plan, training: Training, recompute_working_set: int) -> int:
@@ -189,7 +189,7 @@ def nvme_bytes(shape: ModelShape, plan: Plan, hardware: Hardware, optimizer: str
     total = 0
     if plan.offload_optimizer == "nvme":
         master = FP32 if plan.mixed_precision else 0
-        total += ranks * (master + OPTIMIZER_STATE_BYTES[optimizer]) * per_rank_partition
+        total += ranks * (master * per_rank_partition + flat_state_bytes(optimizer, (per_rank_partition,)))
     if plan.offload_param == "nvme":
         total += ranks * plan.dtype_bytes * per_rank_partition
     return total

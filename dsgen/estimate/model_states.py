@@ -43,46 +43,50 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import accumulate
+from math import prod
 
 from dsgen.catalog.model_shape import ModelShape
+from dsgen.estimate.optimizers import flat_state_bytes, state_bytes
 from dsgen.plan import Plan
 
 FP32 = 4
-
-# Optimizer state bytes per parameter, not counting the fp32 master copy.
-OPTIMIZER_STATE_BYTES = {"adamw": 8, "adam": 8, "lion": 4, "sgd": 4, "adagrad": 4}
 
 # stage_1_and_2.py: "align nccl all-gather send buffers to 4-byte boundary" -> the flat 16-bit
 # group is padded to a multiple of this many elements times the data-parallel size.
 NCCL_START_ALIGNMENT_FACTOR = 2
 
 
-def _linear(fan_in: int, fan_out: int, bias: bool) -> tuple[int, ...]:
-    return (fan_in * fan_out, fan_out) if bias else (fan_in * fan_out,)
+Shape = tuple[int, ...]
+
+
+def _linear(fan_in: int, fan_out: int, bias: bool) -> tuple[Shape, ...]:
+    return ((fan_out, fan_in), (fan_out,)) if bias else ((fan_out, fan_in),)
 
 
 @lru_cache(maxsize=256)
-def parameter_tensors(shape: ModelShape) -> tuple[int, ...]:
-    """Element counts of the model's parameter tensors in ``model.parameters()`` order.
+def parameter_shapes(shape: ModelShape) -> tuple[Shape, ...]:
+    """Shapes of the model's parameter tensors in ``model.parameters()`` order.
 
     The order is the module registration order of the family's transformers implementation
     (transformers 5; tied output weights appear once, as ``parameters()`` de-duplicates them).
     ZeRO-1/2 partition the flat concatenation of these tensors in this order, so the order decides
-    which tensors straddle a partition boundary; ZeRO-3 partitions each tensor on its own.
+    which tensors straddle a partition boundary; ZeRO-3 partitions each tensor on its own. The
+    dimensions themselves matter only to optimizers that factor their state (Adafactor).
     """
     h, q, kv, f = shape.hidden_size, shape.q_size, shape.kv_size, shape.intermediate_size
     qkv = q + 2 * kv
     ab, aob, mb = shape.attention_bias, shape.attention_out_bias, shape.mlp_bias
-    norm = (h, h) if shape.norm == "layernorm" else (h,)
-    tensors: list[int] = [shape.vocab_size * h]
+    norm: tuple[Shape, ...] = ((h,), (h,)) if shape.norm == "layernorm" else ((h,),)
+    tensors: list[Shape] = [(shape.vocab_size, h)]
     if shape.learned_position_embeddings:
-        tensors.append(shape.learned_position_embeddings * h)
+        tensors.append((shape.learned_position_embeddings, h))
     if shape.token_type_embeddings:
-        tensors.append(shape.token_type_embeddings * h)
+        tensors.append((shape.token_type_embeddings, h))
     if shape.embedding_norm:
         tensors += norm
 
     family = shape.family
+    layer: tuple[Shape, ...]
     if family == "gpt2":  # ln_1, c_attn (fused qkv), c_proj, ln_2, c_fc, c_proj
         layer = (*norm, *_linear(h, qkv, ab), *_linear(q, h, aob), *norm, *_linear(h, f, mb), *_linear(f, h, mb))
     elif family == "gpt_neox":  # both norms first, then query_key_value, dense, dense_h_to_4h, dense_4h_to_h
@@ -102,7 +106,7 @@ def parameter_tensors(shape: ModelShape) -> tuple[int, ...]:
         attention = (*_linear(h, q, ab), *_linear(h, kv, ab), *_linear(h, kv, ab), *_linear(q, h, aob))
         if shape.is_moe:  # router, then all experts as two stacked tensors (transformers >= 5)
             e = shape.num_experts
-            mlp: tuple[int, ...] = (h * e, e * 2 * f * h, e * h * f)
+            mlp: tuple[Shape, ...] = ((e, h), (e, 2 * f, h), (e, h, f))
         else:
             gate_up = _linear(h, f, mb) * (2 if shape.gated_mlp else 1)
             mlp = (*gate_up, *_linear(f, h, mb))
@@ -112,10 +116,16 @@ def parameter_tensors(shape: ModelShape) -> tuple[int, ...]:
     if shape.final_norm:
         tensors += norm
     if not shape.tie_word_embeddings and not shape.encoder_only:
-        tensors.append(shape.vocab_size * h)
+        tensors.append((shape.vocab_size, h))
     if shape.pooler:
         tensors += _linear(h, h, True)
     return tuple(tensors)
+
+
+@lru_cache(maxsize=256)
+def parameter_tensors(shape: ModelShape) -> tuple[int, ...]:
+    """Element counts of the model's parameter tensors in ``model.parameters()`` order."""
+    return tuple(prod(s) for s in parameter_shapes(shape))
 
 
 def largest_parameter_tensor(shape: ModelShape) -> int:
@@ -169,6 +179,7 @@ class Zero3Layout:
     persistent: int  # elements of the tensors kept whole on every rank
     persistent_partition: int  # the partitions of those persistent tensors
     largest_sub_group: int  # elements of the largest optimizer sub-group (sub_group_size)
+    sub_groups: tuple[int, ...]  # elements of each optimizer sub-group, in order
 
 
 @lru_cache(maxsize=1024)
@@ -178,21 +189,25 @@ def zero3_layout(shape: ModelShape, ranks: int, persistence_threshold: int, sub_
     tensors = parameter_tensors(shape)
     parts = [-(-n // ranks) for n in tensors]
     total = sum(parts)
+    groups: list[int] = []
     if sub_group_size >= total:
-        largest_group = total
+        groups.append(total)
     else:
-        largest_group = current = 0
+        current = 0
         for part in parts:
             current += part
             if current >= sub_group_size:
-                largest_group, current = max(largest_group, current), 0
-        largest_group = max(largest_group, current)
+                groups.append(current)
+                current = 0
+        if current:
+            groups.append(current)
     kept = [(n, part) for n, part in zip(tensors, parts, strict=True) if n <= persistence_threshold]
     return Zero3Layout(
         partition=total,
         persistent=sum(n for n, _ in kept),
         persistent_partition=sum(part for _, part in kept),
-        largest_sub_group=largest_group,
+        largest_sub_group=max(groups),
+        sub_groups=tuple(groups),
     )
 
 
@@ -237,26 +252,26 @@ def model_state_bytes(shape: ModelShape, plan: Plan, optimizer: str) -> tuple[in
     n = plan.data_parallel_size
     w = plan.dtype_bytes
     stage = plan.zero_stage
-    state = OPTIMIZER_STATE_BYTES[optimizer]
     offloaded = plan.offload_optimizer != "none"
     grads = max(gradient_bytes_by_phase(shape, plan))
 
     if stage == 0:
-        # fp32 training has no wrapper (no master copy)
-        master = FP32 if plan.mixed_precision else 0
-        return w * p, grads, (master + state) * p
+        # fp32 training has no wrapper (no master copy); the optimizer sees the model's own shapes
+        master = FP32 * p if plan.mixed_precision else 0
+        return w * p, grads, master + state_bytes(optimizer, parameter_shapes(shape))
 
     if stage < 3:
         size = zero12_partition(shape, n)
         params = w * size * n  # the flat 16-bit group, padding included
-        return params, grads, 0 if offloaded else (FP32 + state) * size
+        return params, grads, 0 if offloaded else FP32 * size + flat_state_bytes(optimizer, (size,))
 
     k = plan.knobs
     layout = zero3_layout(shape, n, k.param_persistence_threshold, k.sub_group_size)
     # Persistent tensors keep their whole data and their partition on the GPU even with offload_param.
     partitions = layout.persistent_partition if plan.offload_param != "none" else layout.partition
     params = w * (layout.persistent + partitions)
-    return params, grads, 0 if offloaded else (FP32 + state) * layout.partition
+    states = FP32 * layout.partition + flat_state_bytes(optimizer, layout.sub_groups)
+    return params, grads, 0 if offloaded else states
 
 
 def offloaded_optimizer_bytes(shape: ModelShape, plan: Plan, optimizer: str) -> int:
@@ -272,12 +287,13 @@ def offloaded_optimizer_bytes(shape: ModelShape, plan: Plan, optimizer: str) -> 
         return 0
     w = plan.dtype_bytes
     n = plan.data_parallel_size
-    per_element = FP32 + OPTIMIZER_STATE_BYTES[optimizer] + FP32
+    per_element = FP32 + FP32 + w  # master, fp32 gradient, 16-bit copy
     if plan.zero_stage < 3:
-        host = (per_element + w) * zero12_partition(shape, n) + w * largest_parameter_tensor(shape)
+        size = zero12_partition(shape, n)
+        host = per_element * size + flat_state_bytes(optimizer, (size,)) + w * largest_parameter_tensor(shape)
         if plan.zero_stage == 2 and plan.gradient_accumulation_steps > 1:
             host += w * zero12_gradient_buffer(shape, n)
         return host
     k = plan.knobs
     layout = zero3_layout(shape, n, k.param_persistence_threshold, k.sub_group_size)
-    return (per_element + w) * layout.partition
+    return per_element * layout.partition + flat_state_bytes(optimizer, layout.sub_groups)

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dsgen.catalog.model_shape import ModelShape
-from dsgen.estimate.model_states import FP32, OPTIMIZER_STATE_BYTES
+from dsgen.estimate.model_states import FP32
+from dsgen.estimate.optimizers import flat_state_bytes
 from dsgen.plan import Plan
 from dsgen.spec.types import Hardware, Training
 
@@ -144,7 +145,7 @@ def estimate_step_time(shape: ModelShape, plan: Plan, hardware: Hardware, traini
         cpu_update = share * partition * hardware.gpus_per_node / (hardware.cpu_optimizer_gparams_per_s * 1e9)
         offload += transfers / pcie + cpu_update
         if plan.offload_optimizer == "nvme" and hardware.nvme:
-            state = (FP32 + OPTIMIZER_STATE_BYTES[training.optimizer.type]) * partition
+            state = FP32 * partition + flat_state_bytes(training.optimizer.type, (round(partition),))
             offload += 2 * state * hardware.gpus_per_node / (hardware.nvme.bandwidth_gbps * 1e9)
     if plan.offload_param != "none":
         fetch = accum * 2 * w * partition  # parameters brought up for forward and backward

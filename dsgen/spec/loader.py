@@ -13,6 +13,7 @@ from typing import Any
 from dsgen.catalog.gpu import GpuSpec
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.errors import DsgenError
+from dsgen.estimate.optimizers import CLIENT_OPTIMIZERS, is_client_optimizer
 from dsgen.resources import schema_path
 from dsgen.spec.overrides import apply_overrides
 from dsgen.spec.schema_errors import check_against_schema
@@ -123,6 +124,7 @@ class _SpecBuilder:
         hardware = self.hardware(data["hardware"])
         training = self.training(data["training"], hardware)
         constraints = self.constraints(data.get("constraints", {}), hardware)
+        self.check_client_optimizer(training, constraints)
         out = data.get("output", {})
         output = Output(target=out.get("target", "deepspeed"), path=out.get("path", "ds_config.json"))
         key_lines = tuple(
@@ -288,6 +290,22 @@ class _SpecBuilder:
         )
 
     # ---- constraints ---------------------------------------------------------------------
+    def check_client_optimizer(self, training: Training, constraints: Constraints) -> None:
+        """Optimizers the training script builds itself (Adafactor, 8-bit AdamW) are not offloaded.
+
+        DeepSpeed's optimizer offload steps with its own CPU Adam; with any other optimizer it
+        refuses to start unless ``zero_force_ds_cpu_optimizer`` is false, and then runs the
+        client's unfused code on the host, which is not a plan dsgen recommends or sizes.
+        """
+        optimizer = training.optimizer.type
+        if is_client_optimizer(optimizer) and constraints.offload_optimizer not in (None, "none"):
+            raise self.fail(
+                ("constraints", "offload_optimizer"),
+                f"optimizer offload runs DeepSpeed's own CPU Adam, not {CLIENT_OPTIMIZERS[optimizer]} "
+                f"(training.optimizer.type {optimizer})",
+                hint="use offload_optimizer: none, or an optimizer DeepSpeed implements (adamw, adam, lion, adagrad)",
+            )
+
     def constraints(self, block: dict[str, Any], hardware: Hardware) -> Constraints:
         def pinned(key: str) -> Any:
             value = block.get(key, "auto")

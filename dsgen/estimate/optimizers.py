@@ -1,0 +1,83 @@
+"""Optimizer state: the bytes an optimizer keeps for the tensors DeepSpeed hands it.
+
+Two kinds of optimizer reach DeepSpeed:
+
+* **DeepSpeed's own** (named in the config's ``optimizer`` block): Adam/AdamW keep two fp32
+  moments (8 bytes per element), Lion one momentum and torch's SGD one momentum buffer (4),
+  Adagrad one sum of squares (4).
+* **Client optimizers** (built by the training script and passed to ``deepspeed.initialize``;
+  the config then has no ``optimizer`` block and ZeRO needs ``zero_allow_untested_optimizer``):
+
+  - ``adafactor`` is ``torch.optim.Adafactor`` (no first moment). For a tensor of two or more
+    dimensions it keeps a row and a column second-moment vector over the last two dimensions
+    (``prod(leading) * (rows + cols)`` fp32 values); for a 1-D tensor a full fp32 variance.
+  - ``adamw-8bit`` is ``bitsandbytes.optim.AdamW8bit``: both moments as uint8 (2 bytes per
+    element) plus an fp32 absmax per block of 256 elements for each, and two shared 256-entry
+    fp32 quantisation maps (2,048 bytes once). Tensors under 4,096 elements keep 32-bit moments
+    (8 bytes per element).
+
+What "the tensors DeepSpeed hands it" are decides the figure (measured with DeepSpeed 0.19.8,
+torch 2.13 and bitsandbytes 0.50 on 2 CPU ranks, see docs/memory-model.md): without ZeRO the
+optimizer sees the model's own tensors (fp32 training) or fp32 copies of the same shapes
+(``FP16_UnfusedOptimizer`` in 16-bit training), so Adafactor factors its second moment. ZeRO-1/2
+hand it one flat 1-D fp32 partition per parameter group and ZeRO-3 one flat 1-D tensor per
+sub-group, so Adafactor cannot factor and keeps 4 bytes per element, and 8-bit Adam's
+small-tensor fallback applies to whole partitions, not to the model's small tensors.
+
+Scalar step counters (one 0-d tensor or a Python int per tensor) are not counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from math import prod
+
+FP32 = 4
+
+#: Bytes per element of DeepSpeed's own optimizers (named in the config's optimizer block).
+DEEPSPEED_OPTIMIZER_STATE_BYTES = {"adamw": 8, "adam": 8, "lion": 4, "sgd": 4, "adagrad": 4}
+
+#: Client optimizers dsgen models: the class the training script passes to deepspeed.initialize.
+CLIENT_OPTIMIZERS = {
+    "adafactor": "torch.optim.Adafactor",
+    "adamw-8bit": "bitsandbytes.optim.AdamW8bit",
+}
+
+#: bitsandbytes' 8-bit optimizers: block size of the absmax statistics, the smallest tensor that
+#: gets 8-bit states (``min_8bit_size``), and the two shared fp32 quantisation maps.
+BNB_BLOCK = 256
+BNB_MIN_8BIT_SIZE = 4096
+BNB_QUANTISATION_MAPS = 2 * 256 * FP32
+
+
+def is_client_optimizer(optimizer: str) -> bool:
+    """True for optimizers the training script builds itself (no ``optimizer`` block in the config)."""
+    return optimizer in CLIENT_OPTIMIZERS
+
+
+def state_bytes(optimizer: str, tensors: Iterable[tuple[int, ...]]) -> int:
+    """Bytes of optimizer state for tensors of the given shapes (each a tuple of dimensions).
+
+    Pass ``(n,)`` for a flat partition of ``n`` elements; the shape only matters to Adafactor.
+    """
+    if optimizer in DEEPSPEED_OPTIMIZER_STATE_BYTES:
+        return DEEPSPEED_OPTIMIZER_STATE_BYTES[optimizer] * sum(prod(shape) for shape in tensors)
+    if optimizer == "adafactor":
+        return FP32 * sum(prod(s[:-2]) * (s[-2] + s[-1]) if len(s) >= 2 else prod(s) for s in tensors)
+    if optimizer == "adamw-8bit":
+        total = 0
+        quantised = False
+        for shape in tensors:
+            n = prod(shape)
+            if n >= BNB_MIN_8BIT_SIZE:
+                total += 2 * n + 2 * FP32 * -(-n // BNB_BLOCK)
+                quantised = True
+            else:
+                total += 2 * FP32 * n
+        return total + (BNB_QUANTISATION_MAPS if quantised else 0)
+    raise ValueError(f"unknown optimizer {optimizer!r}")
+
+
+def flat_state_bytes(optimizer: str, partitions: Iterable[int]) -> int:
+    """Bytes of optimizer state for flat 1-D partitions of the given element counts (ZeRO 1-3)."""
+    return state_bytes(optimizer, ((n,) for n in partitions))
