@@ -2,8 +2,11 @@
 
 For each family (llama, mistral, qwen2, gemma2, phi3, gpt2, gpt_neox, bert, mixtral) a tiny and a
 mid-size model is built with ``transformers`` from a config (random weights, nothing downloaded),
-in bf16 and fp32, with eager and sdpa attention, with and without gradient checkpointing, and run
-forward through the HF loss (``labels=input_ids``) at several (micro-batch, sequence) points.
+in bf16 and fp32, with eager and sdpa attention, with no, full and selective checkpointing, and
+run forward through the HF loss (``labels=input_ids``) at several (micro-batch, sequence) points.
+Full checkpointing is transformers' ``gradient_checkpointing_enable()``; selective recomputation
+(Korthikanti et al. 2022) runs each attention function - the family's ``eager_attention_forward``
+or transformers' sdpa function - under non-reentrant ``torch.utils.checkpoint``.
 
 Measured: the bytes autograd holds for backward at the end of the forward pass. Every tensor
 passed to ``torch.autograd.graph.saved_tensors_hooks``' pack hook is recorded; those whose graph
@@ -11,7 +14,8 @@ node is still alive after the forward are counted, each storage once (by
 ``untyped_storage().data_ptr()``, its full ``nbytes``), leaving out the model's parameters and
 buffers. With checkpointing (transformers' default, non-reentrant ``torch.utils.checkpoint``),
 a checkpointed layer saves its positional inputs through the same hooks and holds its keyword
-tensors (rotary cos/sin, the attention mask) in the recompute closure; those are counted too.
+tensors (rotary cos/sin, the attention mask) in the recompute closure; those are counted too, as
+are the keyword tensors a selectively recomputed attention call holds.
 
 Predicted: ``dsgen.estimate.activations.estimate_activations(...).total`` for the
 :class:`ModelShape` that ``dsgen.catalog.hf_config.shape_from_hf_config`` reads from the very
@@ -320,7 +324,13 @@ def checkpointed(model: torch.nn.Module) -> bool:
     return any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
 
 
-def set_checkpointing(model: torch.nn.Module, enabled: bool) -> None:
+CKPT_MODES = ("none", "full", "selective")
+
+
+def set_checkpointing(model: torch.nn.Module, mode: str) -> None:
+    """``full``: transformers' layer checkpointing; ``none`` and ``selective`` turn it off (selective
+    recomputation is applied around the forward pass by :func:`selective_recompute`)."""
+    enabled = mode == "full"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # gradient_checkpointing_enable is a deprecated alias in transformers 5
         if enabled:
@@ -391,7 +401,46 @@ def _storage(t: torch.Tensor) -> tuple[int, int]:
     return st.data_ptr(), st.nbytes()
 
 
-def measure_saved_bytes(model: torch.nn.Module, batch: int, seq: int, explain: bool = False) -> int:
+@contextlib.contextmanager
+def selective_recompute(model: torch.nn.Module, held: list[torch.Tensor]) -> Iterator[None]:
+    """Run every attention function of ``model`` under non-reentrant ``torch.utils.checkpoint``.
+
+    The modeling module's ``eager_attention_forward`` (looked up at call time) and the global sdpa
+    entry of ``ALL_ATTENTION_FUNCTIONS`` are replaced for the duration. Positional tensors (q, k,
+    v, mask) are saved by the checkpoint through the saved-tensor hooks; keyword tensors live in
+    its recompute closure and are appended to ``held``.
+    """
+    import sys as _sys
+
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    modeling = _sys.modules[type(model).__module__]
+    eager = modeling.eager_attention_forward
+    sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    had_local_sdpa = "sdpa" in ALL_ATTENTION_FUNCTIONS._local_mapping
+
+    def checkpointed_call(function: Any) -> Any:
+        def call(module: Any, *args: Any, **kwargs: Any) -> Any:
+            held.extend(_tensors(list(kwargs.values())))
+            return torch.utils.checkpoint.checkpoint(function, module, *args, use_reentrant=False, **kwargs)
+
+        return call
+
+    modeling.eager_attention_forward = checkpointed_call(eager)
+    ALL_ATTENTION_FUNCTIONS["sdpa"] = checkpointed_call(sdpa)
+    try:
+        yield
+    finally:
+        modeling.eager_attention_forward = eager
+        if had_local_sdpa:
+            ALL_ATTENTION_FUNCTIONS["sdpa"] = sdpa
+        else:
+            del ALL_ATTENTION_FUNCTIONS["sdpa"]
+
+
+def measure_saved_bytes(
+    model: torch.nn.Module, batch: int, seq: int, explain: bool = False, selective: bool = False
+) -> int:
     """Bytes of the distinct storages autograd holds for backward after one forward through the loss."""
     excluded = {_storage(t)[0] for t in (*model.parameters(), *model.buffers())}
     saved: list[weakref.ref[_Saved]] = []
@@ -431,6 +480,7 @@ def measure_saved_bytes(model: torch.nn.Module, batch: int, seq: int, explain: b
             torch.autograd.graph.saved_tensors_hooks(pack, unpack),
             cuda_like_dropout(),
             Fp32Matmul() if fast else _nothing(),
+            selective_recompute(model, held_by_checkpoint) if selective else _nothing(),
         ):
             output = model(input_ids=input_ids, labels=input_ids)
         gc.collect()
@@ -444,7 +494,8 @@ def measure_saved_bytes(model: torch.nn.Module, batch: int, seq: int, explain: b
             storages[ptr] = nbytes
             shapes.setdefault(ptr, f"{tuple(t.shape)} {str(t.dtype)[6:]}")
         if explain:
-            labels = {} if checkpointed(model) else _graph_labels(output.loss)  # unpacking would recompute
+            recomputes = checkpointed(model) or selective
+            labels = {} if recomputes else _graph_labels(output.loss)  # unpacking would recompute
             for ptr, nbytes in sorted(storages.items(), key=lambda kv: labels.get(kv[0], shapes[kv[0]])):
                 print(f"  {nbytes:>10} B  {nbytes / (batch * seq):>9.1f} B/token  {labels.get(ptr, shapes[ptr])}")
         total = sum(storages.values())
@@ -496,18 +547,19 @@ def _graph_labels(loss: torch.Tensor) -> dict[int, str]:
 
 
 # ---- predictions ---------------------------------------------------------------------------------
-def dsgen_prediction(shape: ModelShape, batch: int, seq: int, dtype: str, attention: str, ckpt: bool) -> int:
+def dsgen_prediction(shape: ModelShape, batch: int, seq: int, dtype: str, attention: str, ckpt: str) -> int:
     return estimate_activations(
         shape,
         micro_batch_size=batch,
         sequence_length=seq,
         dtype_bytes=2 if dtype == "bf16" else 4,
         attention=attention,
-        checkpointing=ckpt,
+        checkpointing=ckpt == "full",
+        selective=ckpt == "selective",
     ).total
 
 
-def dsgen_cli_prediction(config_dir: Path, batch: int, seq: int, dtype: str, attention: str, ckpt: bool) -> int:
+def dsgen_cli_prediction(config_dir: Path, batch: int, seq: int, dtype: str, attention: str, ckpt: str) -> int:
     """``memory.gpu.activations`` from ``dsgen solve --json`` with every dimension pinned."""
     spec = (
         f"model: {{hf_config: {json.dumps(str(config_dir / 'config.json'))}}}\n"
@@ -515,7 +567,7 @@ def dsgen_cli_prediction(config_dir: Path, batch: int, seq: int, dtype: str, att
         f"training: {{sequence_length: {seq}, global_batch_size: {batch}, precision: {dtype}, "
         f"attention: {attention}}}\n"
         "constraints: {zero_stage: 0, offload_optimizer: none, offload_param: none, "
-        f"activation_checkpointing: {str(ckpt).lower()}, micro_batch_size: {batch}, "
+        f"activation_checkpointing: {SPEC_CHECKPOINTING[ckpt]}, micro_batch_size: {batch}, "
         "gradient_accumulation_steps: 1}\n"
     )
     spec_path = config_dir / "spec.yaml"
@@ -531,6 +583,9 @@ def dsgen_cli_prediction(config_dir: Path, batch: int, seq: int, dtype: str, att
     if done.returncode != 0:
         raise SystemExit(f"dsgen solve failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
     return int(json.loads(done.stdout)["memory"]["gpu"]["activations"])
+
+
+SPEC_CHECKPOINTING = {"none": "false", "full": "true", "selective": "selective"}
 
 
 class LlmAnalysis:
@@ -552,7 +607,7 @@ class LlmAnalysis:
                 "install it with: pip install --no-deps llm-analysis fire"
             )
 
-    def predict(self, shape: ModelShape, batch: int, seq: int, dtype: str, attention: str, ckpt: bool) -> int | None:
+    def predict(self, shape: ModelShape, batch: int, seq: int, dtype: str, attention: str, ckpt: str) -> int | None:
         if self.error:
             return None
         a, c = self.analysis, self.config
@@ -583,7 +638,11 @@ class LlmAnalysis:
             name=f"w{bits}a{bits}e{bits}", weight_bits=bits, activation_bits=bits, embedding_bits=bits
         )
         llm = a.LLMAnalysis(model, gpu, dtypes)
-        recompute = a.ActivationRecomputation.FULL if ckpt else a.ActivationRecomputation.NONE
+        recompute = {
+            "none": a.ActivationRecomputation.NONE,
+            "full": a.ActivationRecomputation.FULL,
+            "selective": a.ActivationRecomputation.SELECTIVE,
+        }[ckpt]
         # the sum LLMAnalysis.training() reports as activation_memory_per_gpu, without its batch search
         per_layer = llm.get_activation_memory_per_layer(
             batch,
@@ -607,7 +666,7 @@ class Row:
     dropout: float
     dtype: str
     attention: str
-    ckpt: bool
+    ckpt: str  # none | full | selective
     batch: int
     seq: int
     measured: int
@@ -646,10 +705,10 @@ def run(
                 continue
             for dtype in DTYPES:
                 model = build_model(config, DTYPES[dtype], attention)
-                for ckpt in (False, True):
+                for ckpt in CKPT_MODES:
                     set_checkpointing(model, ckpt)
                     for batch, seq in POINTS[size]:
-                        measured = measure_saved_bytes(model, batch, seq)
+                        measured = measure_saved_bytes(model, batch, seq, selective=ckpt == "selective")
                         predicted = dsgen_prediction(shape, batch, seq, dtype, attention, ckpt)
                         other = llm.predict(shape, batch, seq, dtype, attention, ckpt)
                         rows.append(
@@ -666,7 +725,7 @@ def _pct(value: float | None) -> str:
 
 def report(rows: list[Row]) -> tuple[float, float]:
     header = (
-        f"{'family':<9} {'size':<4} {'drop':<4} {'dtype':<5} {'attn':<5} {'ckpt':<4} {'b':>2} {'s':>4} "
+        f"{'family':<9} {'size':<4} {'drop':<4} {'dtype':<5} {'attn':<5} {'ckpt':<9} {'b':>2} {'s':>4} "
         f"{'measured':>11} {'dsgen':>11} {'err %':>6} {'llm-an.':>11} {'err %':>7}"
     )
     print(header)
@@ -674,7 +733,7 @@ def report(rows: list[Row]) -> tuple[float, float]:
     for r in rows:
         other = "n/a" if r.llm_analysis is None else f"{r.llm_analysis:>11}"
         print(
-            f"{r.family:<9} {r.size:<4} {r.dropout:<4g} {r.dtype:<5} {r.attention:<5} {'yes' if r.ckpt else 'no':<4} "
+            f"{r.family:<9} {r.size:<4} {r.dropout:<4g} {r.dtype:<5} {r.attention:<5} {r.ckpt:<9} "
             f"{r.batch:>2} {r.seq:>4} {r.measured:>11} {r.predicted:>11} "
             f"{_pct(Row.error(r.predicted, r.measured)):>6} {other:>11} "
             f"{_pct(Row.error(r.llm_analysis, r.measured)):>7}"
@@ -696,7 +755,7 @@ def summary(rows: list[Row], label: str, pick: Any) -> str:
 
 
 def cli_consistency(tmp: Path) -> str:
-    family, size, batch, seq, dtype, attention, ckpt = "llama", "tiny", 2, 256, "bf16", "sdpa", False
+    family, size, batch, seq, dtype, attention, ckpt = "llama", "tiny", 2, 256, "bf16", "eager", "selective"
     config_dir = tmp / f"{family}-{size}-p0"
     if not (config_dir / "config.json").exists():
         hf_config(family, size).save_pretrained(config_dir)
@@ -721,7 +780,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--attention", default="sdpa", help="attention for --explain")
     parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="dtype for --explain")
-    parser.add_argument("--ckpt", action="store_true", help="checkpointing for --explain")
+    parser.add_argument("--ckpt", default="none", choices=CKPT_MODES, help="checkpointing for --explain")
     parser.add_argument("--point", default="2x64", help="micro-batch x sequence for --explain (default 2x64)")
     parser.add_argument("--size", default="tiny", choices=("tiny", "mid"), help="model size for --explain")
     parser.add_argument(
@@ -748,7 +807,7 @@ def main(argv: list[str] | None = None) -> int:
         config = hf_config(args.explain, args.size)
         model = build_model(config, DTYPES[args.dtype], args.attention)
         set_checkpointing(model, args.ckpt)
-        total = measure_saved_bytes(model, batch, seq, explain=True)
+        total = measure_saved_bytes(model, batch, seq, explain=True, selective=args.ckpt == "selective")
         with tempfile.TemporaryDirectory() as tmp:
             config.save_pretrained(tmp)
             shape = shape_from_hf_config(Path(tmp))

@@ -70,6 +70,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script from a checkout: import this dsgen
     sys.path.insert(0, str(REPO))
+from tests.ds_oracle import worker_env  # noqa: E402  (the same torchrun environment as the test oracle)
+
 TARGET = 0.02
 RANKS = 2
 SEQUENCE_LENGTH = 16
@@ -189,22 +191,6 @@ def prepare(config_json: Path, case: Case) -> dict[str, Any]:
     }
 
 
-def _worker_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        DS_ACCELERATOR="cpu",
-        PYTHONUNBUFFERED="1",
-        OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_VERBOSITY="error",
-        # DeepSpeed JIT-builds its CPU ops with the ninja next to this interpreter.
-        PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
-    )
-    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    return env
-
-
 def run_model(model: str, cases: list[Case], workdir: Path) -> list[dict[str, Any]]:
     """Prepare every case for one model, train them all in one torchrun launch, compare."""
     source = MODELS[model]
@@ -236,7 +222,7 @@ def run_model(model: str, cases: list[Case], workdir: Path) -> list[dict[str, An
     proc = subprocess.Popen(
         cmd,
         cwd=workdir,
-        env=_worker_env(),
+        env=worker_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -51,10 +51,20 @@ class Plan:
     data_parallel_size: int
     knobs: ZeroKnobs = ZeroKnobs()
     offload_ratio: float = 1.0  # share of optimizer work done on the CPU (ZeRO-3 partial offload)
+    # selective recomputation (Korthikanti et al. 2022): only the attention function is recomputed
+    # in backward; meaningful without activation_checkpointing, which recomputes whole layers
+    selective_recompute: bool = False
 
     @property
     def global_batch_size(self) -> int:
         return self.micro_batch_size * self.gradient_accumulation_steps * self.data_parallel_size
+
+    @property
+    def checkpointing(self) -> str:
+        """``none``, ``full`` (every layer recomputed) or ``selective`` (attention recomputed)."""
+        if self.activation_checkpointing:
+            return "full"
+        return "selective" if self.selective_recompute else "none"
 
     @property
     def mixed_precision(self) -> bool:
@@ -86,4 +96,6 @@ class Plan:
         label = " + ".join(parts)
         if self.activation_checkpointing:
             label += ", checkpointing"
+        elif self.selective_recompute:
+            label += ", selective recompute"
         return f"{label}, {self.precision}, micro {self.micro_batch_size} x accum {self.gradient_accumulation_steps}"

@@ -20,6 +20,7 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
         "offload_optimizer": plan.offload_optimizer,
         "offload_param": plan.offload_param,
         "activation_checkpointing": plan.activation_checkpointing,
+        "selective_recompute": plan.selective_recompute,
         "micro_batch_size": plan.micro_batch_size,
         "gradient_accumulation_steps": plan.gradient_accumulation_steps,
         "data_parallel_size": plan.data_parallel_size,
@@ -106,7 +107,7 @@ def ranked_table(result: SolveResult, top: int) -> str:
     """The ``--top N`` table: the N fastest feasible plans with memory, speed and MFU."""
     spec = result.spec
     header = (
-        f"{'#':>3} {'stage':>5} {'offload':<22} {'zero++':<12} {'ckpt':<4} {'micro':>5} {'accum':>5} "
+        f"{'#':>3} {'stage':>5} {'offload':<22} {'zero++':<12} {'ckpt':<9} {'micro':>5} {'accum':>5} "
         f"{'GPU GiB':>8} {'host GiB':>8} {'step s':>9} {'tokens/s':>11} {'MFU':>5}"
     )
     lines = [header]
@@ -114,7 +115,7 @@ def ranked_table(result: SolveResult, top: int) -> str:
         p = e.plan
         lines.append(
             f"{index:>3} {p.zero_stage:>5} {p.offload_label():<22} {p.knobs.zeropp:<12} "
-            f"{'yes' if p.activation_checkpointing else 'no':<4} {p.micro_batch_size:>5} "
+            f"{p.checkpointing:<9} {p.micro_batch_size:>5} "
             f"{p.gradient_accumulation_steps:>5} {e.memory.gpu.total / GIB:>8.1f} {e.memory.cpu.total / GIB:>8.1f} "
             f"{e.step.total_s:>9.3f} {e.tokens_per_s:>11,.0f} {_mfu(e, spec):>5.1%}"
         )
@@ -154,6 +155,12 @@ def script_requirements(spec: Spec, plan: Plan) -> str:
     if plan.activation_checkpointing:
         needs.append(
             "enable gradient checkpointing in the model (model.gradient_checkpointing_enable(), or --gradient_checkpointing with the HF Trainer)"
+        )
+    elif plan.selective_recompute:
+        needs.append(
+            "recompute only the attention in backward (selective recomputation): run the model's attention "
+            "function under torch.utils.checkpoint(..., use_reentrant=False), e.g. register a wrapped function "
+            "with transformers' AttentionInterface and load the model with that attn_implementation"
         )
     if spec.training.attention == "flash":
         needs.append(

@@ -21,6 +21,9 @@ from dsgen.spec.types import Spec
 GIB = 1 << 30
 OFFLOAD_ORDER = {"none": 0, "cpu": 1, "nvme": 2}
 
+# ties break toward the simpler plan: no recomputation, then attention only, then whole layers
+CHECKPOINTING_ORDER = {"none": 0, "selective": 1, "full": 2}
+
 
 @dataclass(frozen=True)
 class Evaluation:
@@ -290,7 +293,7 @@ class _Structure:
     offload_param: str
     offload_ratio: float
     zeropp: str
-    checkpointing: bool
+    checkpointing: str  # none | selective | full
 
 
 def _structures(spec: Spec) -> Iterator[_Structure]:
@@ -299,6 +302,9 @@ def _structures(spec: Spec) -> Iterator[_Structure]:
     c = spec.constraints
     hw = spec.hardware
     offload_targets = ["none", "cpu"] + (["nvme"] if hw.nvme else [])
+    # selective recomputation drops the eager attention's s x s tensors; flash and sdpa never keep
+    # them, so there it would only cost time (it stays available as a pin)
+    checkpointing_modes = ["none", "selective", "full"] if spec.training.attention == "eager" else ["none", "full"]
     for stage in _choices(c.zero_stage, [0, 1, 2, 3]):
         # ZeRO-1/2 treat an NVMe optimizer device as CPU offload; only ZeRO-3 swaps to NVMe.
         optimizer_targets = offload_targets if stage == 3 else ["none", "cpu"]
@@ -330,7 +336,7 @@ def _structures(spec: Spec) -> Iterator[_Structure]:
                 )
                 for ratio in OFFLOAD_RATIOS if partial else (1.0,):
                     for zeropp in zeropps:
-                        for checkpointing in _choices(c.activation_checkpointing, [False, True]):
+                        for checkpointing in _choices(c.activation_checkpointing, checkpointing_modes):
                             yield _Structure(stage, offload_optimizer, offload_param, ratio, zeropp, checkpointing)
 
 
@@ -367,7 +373,7 @@ def _rank_key(e: Evaluation) -> tuple:
         OFFLOAD_ORDER[p.offload_param],
         OFFLOAD_ORDER[p.offload_optimizer],
         p.zero_stage,
-        p.activation_checkpointing,
+        CHECKPOINTING_ORDER[p.checkpointing],
         -p.micro_batch_size,
     )
 
@@ -415,7 +421,8 @@ def _search(spec: Spec, global_batch: int, accounting: str) -> tuple[list[Evalua
                     zero_stage=st.stage,
                     offload_optimizer=st.offload_optimizer,
                     offload_param=st.offload_param,
-                    activation_checkpointing=st.checkpointing,
+                    activation_checkpointing=st.checkpointing == "full",
+                    selective_recompute=st.checkpointing == "selective",
                     micro_batch_size=micro,
                     gradient_accumulation_steps=accum,
                     data_parallel_size=dp,

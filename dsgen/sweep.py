@@ -258,6 +258,7 @@ def manifest_row(sweep: Sweep, outcome: Outcome, written: list[str]) -> dict[str
         "offload_optimizer": plan.offload_optimizer if plan else None,
         "offload_param": plan.offload_param if plan else None,
         "activation_checkpointing": plan.activation_checkpointing if plan else None,
+        "selective_recompute": plan.selective_recompute if plan else None,
         "micro_batch_size": plan.micro_batch_size if plan else None,
         "gradient_accumulation_steps": plan.gradient_accumulation_steps if plan else None,
         "data_parallel_size": plan.data_parallel_size if plan else None,

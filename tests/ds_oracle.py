@@ -198,8 +198,8 @@ def _parse_info(log: str) -> dict[str, str]:
     return dict(item.split("=", 1) for item in match.group(1).split() if "=" in item)
 
 
-def _worker_env() -> dict[str, str]:
-    """Environment for torchrun and its ranks.
+def worker_env() -> dict[str, str]:
+    """Environment for torchrun and its ranks (also used by bench/model_state_accuracy.py).
 
     * ``DS_ACCELERATOR=cpu``: the oracle always exercises the CPU code paths CI has.
     * this interpreter's ``bin`` first on ``PATH``: DeepSpeed JIT-builds its CPU ops with the
@@ -260,7 +260,7 @@ def prebuild_ops(ops: list[str], *, timeout: float = 1800) -> tuple[float, str]:
         try:
             proc = subprocess.run(
                 [sys.executable, "-c", _PREBUILD_PROGRAM, *missing],
-                env=_worker_env(),
+                env=worker_env(),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
@@ -335,7 +335,7 @@ def train_steps(
     proc = subprocess.Popen(
         cmd,
         cwd=tmp_path,  # anything DeepSpeed writes relative to cwd lands in the test's tmp dir
-        env=_worker_env(),
+        env=worker_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -78,7 +78,7 @@ def specs(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.integers(0, 3)) == 0:
         constraints["zero_stage"] = draw(st.sampled_from([0, 1, 2, 3]))
     if draw(st.integers(0, 4)) == 0:
-        constraints["activation_checkpointing"] = draw(st.booleans())
+        constraints["activation_checkpointing"] = draw(st.sampled_from([False, True, "selective"]))
     if constraints:
         spec["constraints"] = constraints
     return spec

@@ -77,6 +77,35 @@ def test_llama_3_1_8b_totals_outside_layers_and_checkpointing() -> None:
     assert eager_ckpt.total == ckpt.total + b * s * s * 2  # the 4-D causal mask the checkpoints hold
 
 
+def test_llama_3_1_8b_selective_recomputation() -> None:
+    """Selective recomputation keeps the attention function's inputs (q, and k and v at kv size: the
+    repeat happens inside) and its output, drops the s x s terms, and keeps the shared 4-D mask and
+    position ids the checkpointed attention calls hold."""
+    b, s = 2, 4096
+
+    def estimate(attention: str, checkpointing: bool = False, selective: bool = False):
+        return estimate_activations(
+            get_model("llama-3.1-8b"),
+            micro_batch_size=b,
+            sequence_length=s,
+            dtype_bytes=2,
+            attention=attention,
+            checkpointing=checkpointing,
+            selective=selective,
+        )
+
+    rmsnorm = 4 * 4096 + 4 + 2 * 4096 + 2 * 4096
+    kept = 2 * rmsnorm + (2 * 4096 + 2 * 2 * 1024 + 2 * 4096) + 4 * 2 * 14336
+    none, selective = estimate("eager"), estimate("eager", selective=True)
+    assert selective.layers == 32 * b * s * kept
+    assert selective.outside_layers == none.outside_layers + b * s * s * 2 + s * 8
+    assert selective.recompute_working_set == none.per_layer - b * s * kept  # one layer's attention, rebuilt
+    # with flash attention only the fp32 log-sum-exp goes
+    assert estimate("flash").layers - estimate("flash", selective=True).layers == 32 * b * s * 4 * 32
+    # full checkpointing wins over selective
+    assert estimate("eager", checkpointing=True, selective=True) == estimate("eager", checkpointing=True)
+
+
 def test_mistral_7b_fp32_sdpa() -> None:
     rmsnorm = 4 * 4096 + 4 + 4 * 4096 + 4 * 4096  # e = 4: the casts are no-ops, the storages remain
     attention = 4 * 4096 + 2 * 4 * 1024 + 4 * 4096 + 4 * 32
@@ -192,16 +221,20 @@ def bench() -> ModuleType:
 
 # (family, dtype, attention, checkpointing, dropout, (micro-batch, sequence)): a spread over the code paths
 MEASURED = [
-    ("llama", "bf16", "sdpa", False, 0.0, (2, 64)),
-    ("llama", "fp32", "eager", True, 0.0, (2, 64)),
-    ("mistral", "bf16", "eager", False, 0.0, (1, 96)),  # one kv head at micro-batch 1: k and v stay views
-    ("gemma2", "bf16", "eager", False, 0.0, (2, 64)),
-    ("phi3", "fp32", "sdpa", True, 0.0, (2, 64)),
-    ("mixtral", "bf16", "sdpa", False, 0.0, (2, 64)),
-    ("gpt2", "bf16", "sdpa", False, 0.0, (2, 64)),
-    ("gpt2", "fp32", "eager", False, 0.1, (2, 64)),
-    ("gpt_neox", "bf16", "sdpa", False, 0.0, (2, 64)),
-    ("bert", "bf16", "eager", False, 0.1, (2, 64)),
+    ("llama", "bf16", "sdpa", "none", 0.0, (2, 64)),
+    ("llama", "fp32", "eager", "full", 0.0, (2, 64)),
+    ("llama", "bf16", "eager", "selective", 0.0, (2, 64)),
+    ("mistral", "bf16", "eager", "none", 0.0, (1, 96)),  # one kv head at micro-batch 1: k and v stay views
+    ("gemma2", "bf16", "eager", "none", 0.0, (2, 64)),
+    ("gemma2", "bf16", "eager", "selective", 0.0, (2, 64)),  # soft-capping and both masks recomputed/kept
+    ("phi3", "fp32", "sdpa", "full", 0.0, (2, 64)),
+    ("mixtral", "bf16", "sdpa", "none", 0.0, (2, 64)),
+    ("gpt2", "bf16", "sdpa", "none", 0.0, (2, 64)),
+    ("gpt2", "fp32", "eager", "none", 0.1, (2, 64)),
+    ("gpt2", "bf16", "eager", "selective", 0.1, (2, 64)),  # attention dropout recomputed, c_attn output kept
+    ("gpt_neox", "bf16", "sdpa", "none", 0.0, (2, 64)),
+    ("bert", "bf16", "eager", "none", 0.1, (2, 64)),
+    ("bert", "bf16", "sdpa", "selective", 0.0, (2, 64)),
 ]
 
 
@@ -211,7 +244,7 @@ MEASURED = [
     ids=["-".join(str(part) for part in case[:5]) for case in MEASURED],
 )
 def test_measured_matches_prediction(
-    bench: ModuleType, family: str, dtype: str, attention: str, ckpt: bool, dropout: float, point: tuple[int, int]
+    bench: ModuleType, family: str, dtype: str, attention: str, ckpt: str, dropout: float, point: tuple[int, int]
 ) -> None:
     config = bench.hf_config(family, "tiny", dropout)
     with tempfile.TemporaryDirectory() as tmp:
@@ -221,7 +254,7 @@ def test_measured_matches_prediction(
     model = bench.build_model(config, bench.DTYPES[dtype], attention)
     bench.set_checkpointing(model, ckpt)
     batch, seq = point
-    measured = bench.measure_saved_bytes(model, batch, seq)
+    measured = bench.measure_saved_bytes(model, batch, seq, selective=ckpt == "selective")
     predicted = bench.dsgen_prediction(shape, batch, seq, dtype, attention, ckpt)
     error = 100 * (predicted - measured) / measured
     assert abs(error) <= 8.0, f"b={batch} s={seq}: measured {measured}, dsgen {predicted} ({error:+.1f} %)"

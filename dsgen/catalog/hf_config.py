@@ -179,84 +179,94 @@ def _decoder(model_type: str, cfg: _Config, name: str) -> ModelShape:
 
 
 # ---- GPT-2, GPT-NeoX, BERT ------------------------------------------------------------------------
-def _gpt2(cfg: _Config, name: str) -> ModelShape:
-    hidden = cfg.integer("n_embd")
-    heads, head_dim = _heads(cfg, hidden, "n_head")
-    positions = cfg.integer("n_positions", 1024)
+def _layernorm_mha(
+    cfg: _Config,
+    name: str,
+    *,
+    family: str,
+    keys: tuple[str, str, str],  # the config's names for (layers, hidden size, heads)
+    intermediate_size: int,
+    tie: bool,
+    bias: bool,
+    dropout_keys: tuple[str, ...],
+    dropout_default: float,
+    **family_fields: Any,
+) -> ModelShape:
+    """The classic LayerNorm + multi-head attention + GELU MLP families; what differs is passed in."""
+    layers_key, hidden_key, heads_key = keys
+    hidden = cfg.integer(hidden_key)
+    heads, head_dim = _heads(cfg, hidden, heads_key)
     return ModelShape(
         name=name,
-        family="gpt2",
-        num_layers=cfg.integer("n_layer"),
+        family=family,  # type: ignore[arg-type]  # one of the three callers' literals
+        num_layers=cfg.integer(layers_key),
         hidden_size=hidden,
         num_attention_heads=heads,
         num_key_value_heads=heads,
         head_dim=head_dim,
-        intermediate_size=cfg.integer("n_inner", 4 * hidden),  # null means 4 * n_embd
+        intermediate_size=intermediate_size,
         vocab_size=cfg.integer("vocab_size"),
         mlp="gelu",
         norm="layernorm",
-        tie_word_embeddings=cfg.boolean("tie_word_embeddings", True),
-        attention_bias=True,
-        attention_out_bias=True,
+        tie_word_embeddings=cfg.boolean("tie_word_embeddings", tie),
+        attention_bias=bias,
+        attention_out_bias=bias,
         mlp_bias=True,
+        dropout=cfg.probability(*dropout_keys, default=dropout_default),
+        **family_fields,
+    )
+
+
+def _gpt2(cfg: _Config, name: str) -> ModelShape:
+    positions = cfg.integer("n_positions", 1024)
+    return _layernorm_mha(
+        cfg,
+        name,
+        family="gpt2",
+        keys=("n_layer", "n_embd", "n_head"),
+        intermediate_size=cfg.integer("n_inner", 4 * cfg.integer("n_embd")),  # null means 4 * n_embd
+        tie=True,
+        bias=True,
+        dropout_keys=("resid_pdrop", "embd_pdrop", "attn_pdrop"),
+        dropout_default=0.1,
         learned_position_embeddings=positions,
         max_position_embeddings=positions,
-        dropout=cfg.probability("resid_pdrop", "embd_pdrop", "attn_pdrop", default=0.1),
     )
 
 
 def _gpt_neox(cfg: _Config, name: str) -> ModelShape:
-    hidden = cfg.integer("hidden_size")
-    heads, head_dim = _heads(cfg, hidden, "num_attention_heads")
-    bias = cfg.boolean("attention_bias", True)
-    return ModelShape(
-        name=name,
+    return _layernorm_mha(
+        cfg,
+        name,
         family="gpt_neox",
-        num_layers=cfg.integer("num_hidden_layers"),
-        hidden_size=hidden,
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
-        head_dim=head_dim,
+        keys=("num_hidden_layers", "hidden_size", "num_attention_heads"),
         intermediate_size=cfg.integer("intermediate_size"),
-        vocab_size=cfg.integer("vocab_size"),
-        mlp="gelu",
-        norm="layernorm",
-        tie_word_embeddings=cfg.boolean("tie_word_embeddings", False),
-        attention_bias=bias,
-        attention_out_bias=bias,
-        mlp_bias=True,
+        tie=False,
+        bias=cfg.boolean("attention_bias", True),
+        dropout_keys=("attention_dropout", "hidden_dropout"),
+        dropout_default=0.0,
         max_position_embeddings=cfg.integer("max_position_embeddings", 2048),
-        dropout=cfg.probability("attention_dropout", "hidden_dropout", default=0.0),
     )
 
 
 def _bert(cfg: _Config, name: str) -> ModelShape:
-    hidden = cfg.integer("hidden_size")
-    heads, head_dim = _heads(cfg, hidden, "num_attention_heads")
     positions = cfg.integer("max_position_embeddings", 512)
-    return ModelShape(
-        name=name,
+    return _layernorm_mha(
+        cfg,
+        name,
         family="bert",
-        num_layers=cfg.integer("num_hidden_layers"),
-        hidden_size=hidden,
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
-        head_dim=head_dim,
+        keys=("num_hidden_layers", "hidden_size", "num_attention_heads"),
         intermediate_size=cfg.integer("intermediate_size"),
-        vocab_size=cfg.integer("vocab_size"),
-        mlp="gelu",
-        norm="layernorm",
-        tie_word_embeddings=cfg.boolean("tie_word_embeddings", True),
-        attention_bias=True,
-        attention_out_bias=True,
-        mlp_bias=True,
+        tie=True,
+        bias=True,
+        dropout_keys=("hidden_dropout_prob", "attention_probs_dropout_prob"),
+        dropout_default=0.1,
         learned_position_embeddings=positions,
         token_type_embeddings=cfg.integer("type_vocab_size", 2, minimum=0),
         embedding_norm=True,
         final_norm=False,
         pooler=True,  # BertModel (AutoModel) is built with its pooler by default
         max_position_embeddings=positions,
-        dropout=cfg.probability("hidden_dropout_prob", "attention_probs_dropout_prob", default=0.1),
         encoder_only=True,
     )
 

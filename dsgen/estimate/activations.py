@@ -77,6 +77,7 @@ def _attention_core(
     output_copy: bool = False,
     softmax_fp32: bool = True,
     softcap: bool = False,
+    selective: bool = False,
 ) -> tuple[int, int]:
     """(bytes per token, bytes per token per key position) of the attention block after the
     q/k/v projections, including the input of the output projection.
@@ -98,10 +99,17 @@ def _attention_core(
     dropout, the dropout's bool mask is saved and ``matmul(probs, v)`` saves the dropped
     probabilities instead of the softmax output's 16-bit copy. flash and sdpa drop inside the
     kernel and keep only its RNG state.
+
+    ``selective`` (selective recomputation, Korthikanti et al. 2022): the attention function runs
+    under ``torch.utils.checkpoint``, so only its inputs q, k and v (kv-sized: the repeat for
+    grouped heads happens inside) and its output, saved by the output projection, remain; the
+    scores, softmax, dropout mask, log-sum-exp and any copies are rebuilt in backward.
     """
     q, kv, nh = shape.q_size, shape.kv_size, shape.num_attention_heads
     out = e * q
     q_storage = fused_qkv_storage or e * q
+    if selective:
+        return q_storage + 2 * e * kv + out, 0
     if attention != "eager":  # flash, sdpa
         return q_storage + 2 * e * kv + out + FP32 * nh + (e * q if output_copy else 0), 0
     grouped = shape.num_key_value_heads < nh
@@ -118,7 +126,7 @@ def _attention_core(
     return linear, quadratic
 
 
-def _llama_like(shape: ModelShape, e: int, attention: str, micro_batch: int) -> tuple[int, int]:
+def _llama_like(shape: ModelShape, e: int, attention: str, micro_batch: int, selective: bool) -> tuple[int, int]:
     """llama, mistral, qwen2, mixtral and phi3: two RMSNorms, attention, gated MLP (or MoE block).
 
     Gated MLP: gate output (saved by SiLU), SiLU output and up output (saved by their product),
@@ -134,7 +142,9 @@ def _llama_like(shape: ModelShape, e: int, attention: str, micro_batch: int) -> 
     weight ``4``, three int64 index vectors (gather, weight gather, scatter) ``24``.
     """
     h, f = shape.hidden_size, shape.intermediate_size
-    attn_lin, attn_quad = _attention_core(shape, e, attention, micro_batch, output_copy=shape.family == "phi3")
+    attn_lin, attn_quad = _attention_core(
+        shape, e, attention, micro_batch, output_copy=shape.family == "phi3", selective=selective
+    )
     norms = 2 * _rmsnorm_fp32_upcast(h, e)
     if shape.family == "phi3":
         norms += 2 * _dropout_mask(h, shape.dropout)  # resid_attn_dropout, resid_mlp_dropout
@@ -147,18 +157,18 @@ def _llama_like(shape: ModelShape, e: int, attention: str, micro_batch: int) -> 
     return norms + attn_lin + mlp, attn_quad
 
 
-def _gemma2(shape: ModelShape, e: int, attention: str, micro_batch: int) -> tuple[int, int]:
+def _gemma2(shape: ModelShape, e: int, attention: str, micro_batch: int, selective: bool) -> tuple[int, int]:
     """Four Gemma RMSNorms (input and pre-feedforward feed linears; the post-attention and
     post-feedforward ones feed the residual add), attention with logit soft-capping in eager
     (every released Gemma-2 config sets ``attn_logit_softcapping``), the tanh-GELU gated MLP
     ``4·e·f`` (gate saved by GELU, GELU output, up, product)."""
     h, f = shape.hidden_size, shape.intermediate_size
-    attn_lin, attn_quad = _attention_core(shape, e, attention, micro_batch, softcap=True)
+    attn_lin, attn_quad = _attention_core(shape, e, attention, micro_batch, softcap=True, selective=selective)
     norms = 2 * _gemma_rmsnorm(h, e, True) + 2 * _gemma_rmsnorm(h, e, False)
     return norms + attn_lin + 4 * e * f, attn_quad
 
 
-def _gpt2(shape: ModelShape, e: int, attention: str, micro_batch: int) -> tuple[int, int]:
+def _gpt2(shape: ModelShape, e: int, attention: str, micro_batch: int, selective: bool) -> tuple[int, int]:
     """ln_1 (its input and its output, saved by c_attn), attention, ln_2 likewise, the python
     tanh-GELU (``gelu_new``) and two dropout masks.
 
@@ -169,8 +179,11 @@ def _gpt2(shape: ModelShape, e: int, attention: str, micro_batch: int) -> tuple[
     and ``1 + tanh`` (``4·e·f``), and c_proj saves the GELU output (``e·f``).
     """
     h, f = shape.hidden_size, shape.intermediate_size
-    fused = 3 * e * h if attention != "eager" or micro_batch == 1 else 0
-    attn_lin, attn_quad = _attention_core(shape, e, attention, micro_batch, fused_qkv_storage=fused, softmax_fp32=False)
+    # selective: q reaches the checkpointed attention function as a view of c_attn's output
+    fused = 3 * e * h if attention != "eager" or micro_batch == 1 or selective else 0
+    attn_lin, attn_quad = _attention_core(
+        shape, e, attention, micro_batch, fused_qkv_storage=fused, softmax_fp32=False, selective=selective
+    )
     gelu_new = 4 * e * f
     per_token = (
         _layernorm(h, e)
@@ -186,25 +199,25 @@ def _gpt2(shape: ModelShape, e: int, attention: str, micro_batch: int) -> tuple[
     return per_token, attn_quad
 
 
-def _gpt_neox(shape: ModelShape, e: int, attention: str, micro_batch: int) -> tuple[int, int]:
+def _gpt_neox(shape: ModelShape, e: int, attention: str, micro_batch: int, selective: bool) -> tuple[int, int]:
     """Parallel residual: both LayerNorms read the same x (stored once, two mean/rstd pairs), each
     output saved by its linear; attention on the partial-rotary ``torch.cat`` q and k (contiguous,
     so the flash/sdpa output is copied for the dense projection); exact GELU input and output
     ``2·e·f``; post-attention and post-MLP dropout masks."""
     h, f = shape.hidden_size, shape.intermediate_size
-    attn_lin, attn_quad = _attention_core(shape, e, attention, micro_batch, output_copy=True)
+    attn_lin, attn_quad = _attention_core(shape, e, attention, micro_batch, output_copy=True, selective=selective)
     per_token = _layernorm(h, e) + 2 * FP32 + 2 * e * h + attn_lin + 2 * e * f
     per_token += 2 * _dropout_mask(h, shape.dropout)  # post-attention and post-MLP dropout
     return per_token, attn_quad
 
 
-def _bert(shape: ModelShape, e: int, attention: str, micro_batch: int) -> tuple[int, int]:
+def _bert(shape: ModelShape, e: int, attention: str, micro_batch: int, selective: bool) -> tuple[int, int]:
     """Layer input (saved by the q/k/v projections), q, k and v (separate projections), the
     softmax in the compute dtype, the attention output, the post-attention LayerNorm's input and
     its output (saved by the intermediate dense), exact GELU input and output ``2·e·f``, the output
     LayerNorm's input, two dropout masks."""
     h, f = shape.hidden_size, shape.intermediate_size
-    attn_lin, attn_quad = _attention_core(shape, e, attention, micro_batch, softmax_fp32=False)
+    attn_lin, attn_quad = _attention_core(shape, e, attention, micro_batch, softmax_fp32=False, selective=selective)
     per_token = (
         e * h  # layer input, saved by the q/k/v projections
         + attn_lin
@@ -219,21 +232,23 @@ def _bert(shape: ModelShape, e: int, attention: str, micro_batch: int) -> tuple[
 
 
 @lru_cache(maxsize=1024)
-def _per_layer(shape: ModelShape, e: int, attention: str, micro_batch: int) -> tuple[int, int]:
+def _per_layer(shape: ModelShape, e: int, attention: str, micro_batch: int, selective: bool = False) -> tuple[int, int]:
     family = shape.family
     if family == "gemma2":
-        return _gemma2(shape, e, attention, micro_batch)
+        return _gemma2(shape, e, attention, micro_batch, selective)
     if family == "gpt2":
-        return _gpt2(shape, e, attention, micro_batch)
+        return _gpt2(shape, e, attention, micro_batch, selective)
     if family == "gpt_neox":
-        return _gpt_neox(shape, e, attention, micro_batch)
+        return _gpt_neox(shape, e, attention, micro_batch, selective)
     if family == "bert":
-        return _bert(shape, e, attention, micro_batch)
-    return _llama_like(shape, e, attention, micro_batch)
+        return _bert(shape, e, attention, micro_batch, selective)
+    return _llama_like(shape, e, attention, micro_batch, selective)
 
 
 @lru_cache(maxsize=4096)
-def _outside_layers(shape: ModelShape, e: int, attention: str, checkpointing: bool, b: int, s: int) -> int:
+def _outside_layers(
+    shape: ModelShape, e: int, attention: str, checkpointing: bool, b: int, s: int, selective: bool = False
+) -> int:
     """Bytes (for the whole micro-batch) saved outside the transformer layers.
 
     Per token: int64 token ids (embedding backward) and, for causal LMs, the shifted int64 labels
@@ -244,7 +259,9 @@ def _outside_layers(shape: ModelShape, e: int, attention: str, checkpointing: bo
     Per sequence position (shared by the batch): rotary cos/sin ``2·e·head_dim``, GPT-2's position
     ids, BERT's token-type ids. With checkpointing, the layers' keyword arguments live in the
     checkpoints' recompute closures: the position ids and, for eager decoders, the 4-D additive
-    causal mask ``b·s²·e`` (two for Gemma-2: full and sliding window).
+    causal mask ``b·s²·e`` (two for Gemma-2: full and sliding window). Selective recomputation
+    keeps both too: the mask is an input of every checkpointed attention call (one storage) and
+    the decoders pass the position ids on to the attention function as a keyword.
     """
     h, v, tokens = shape.hidden_size, shape.vocab_size, b * s
     if shape.family == "bert":
@@ -266,9 +283,9 @@ def _outside_layers(shape: ModelShape, e: int, attention: str, checkpointing: bo
         per_token = ids + _rmsnorm_fp32_upcast(h, e) + loss
         per_position = 2 * e * shape.head_dim
     total = tokens * per_token + s * per_position
-    if checkpointing:
-        if shape.family != "gpt2":
-            total += s * INT64  # position ids passed to every layer
+    if checkpointing or selective:
+        if shape.family != "gpt2" and (checkpointing or shape.family != "bert"):
+            total += s * INT64  # position ids passed to every layer (decoders: on to attention too)
         if attention == "eager":
             masks = 2 if shape.family == "gemma2" else 1
             total += masks * b * s * s * e
@@ -283,19 +300,33 @@ def estimate_activations(
     dtype_bytes: int,
     attention: str,
     checkpointing: bool,
+    selective: bool = False,
 ) -> ActivationEstimate:
-    """Saved activations of one micro-batch (see module docstring)."""
+    """Saved activations of one micro-batch (see module docstring).
+
+    ``checkpointing``: every layer under ``torch.utils.checkpoint`` (only its input is kept).
+    ``selective`` (ignored with ``checkpointing``): only the attention function is recomputed.
+    """
     b, s, e = micro_batch_size, sequence_length, dtype_bytes
+    selective = selective and not checkpointing
     linear, quadratic = _per_layer(shape, e, attention, b)
     per_layer = b * s * (linear + quadratic * s)
     if checkpointing:
         layers = shape.num_layers * b * s * e * shape.hidden_size  # each layer's input only
+        rebuilt = per_layer
+    elif selective:
+        kept_linear, _ = _per_layer(shape, e, attention, b, selective=True)
+        kept = b * s * kept_linear
+        layers = shape.num_layers * kept
+        rebuilt = per_layer - kept  # one layer's attention internals, rebuilt in its backward
+        per_layer = kept
     else:
         layers = shape.num_layers * per_layer
-    outside = _outside_layers(shape, e, attention, checkpointing, b, s)
+        rebuilt = 0
+    outside = _outside_layers(shape, e, attention, checkpointing, b, s, selective)
     return ActivationEstimate(
         per_layer=per_layer,
         layers=layers,
         outside_layers=outside,
-        recompute_working_set=per_layer if checkpointing else 0,
+        recompute_working_set=rebuilt,
     )

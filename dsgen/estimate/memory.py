@@ -260,6 +260,7 @@ def estimate_memory(
         dtype_bytes=plan.dtype_bytes,
         attention=training.attention,
         checkpointing=plan.activation_checkpointing,
+        selective=plan.selective_recompute,
     )
     buffers = buffer_bytes(shape, plan)
     transient = transient_bytes(shape, plan, training, acts.recompute_working_set)

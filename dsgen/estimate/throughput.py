@@ -98,6 +98,8 @@ def estimate_step_time(shape: ModelShape, plan: Plan, hardware: Hardware, traini
     hardware_flops = flops
     if plan.activation_checkpointing:
         hardware_flops += flops / 3  # one more forward pass
+    elif plan.selective_recompute:  # the attention core's forward again (QK^T and PV: 4·L·q·s per token)
+        hardware_flops += 4 * shape.num_layers * shape.q_size * s * tokens_per_step
     size_efficiency = tokens_per_gpu_micro / (tokens_per_gpu_micro + MICRO_BATCH_TOKENS_HALF_EFFICIENCY)
     peak = hardware.gpu.peak_tflops(plan.precision) * 1e12
     compute = hardware_flops / (hardware.world_size * peak * assumed_mfu(training, plan) * size_efficiency)

@@ -70,6 +70,9 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     },
 }
 
+# constraints.activation_checkpointing as the spec writes it -> the solver's checkpointing mode
+CHECKPOINTING_PINS = {False: "none", True: "full", "selective": "selective"}
+
 
 def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Spec:
     """Load and resolve the spec at ``path``. Raises :class:`DsgenError` on any bad input."""
@@ -335,7 +338,7 @@ class _SpecBuilder:
             zero_stage=stage,
             offload_optimizer=offload_optimizer,
             offload_param=offload_param,
-            activation_checkpointing=pinned("activation_checkpointing"),
+            activation_checkpointing=CHECKPOINTING_PINS.get(pinned("activation_checkpointing")),
             micro_batch_size=pinned("micro_batch_size"),
             gradient_accumulation_steps=pinned("gradient_accumulation_steps"),
             memory_headroom=float(block.get("memory_headroom", 0.10)),

@@ -92,7 +92,7 @@ class Constraints:
     zero_stage: int | None = None
     offload_optimizer: str | None = None
     offload_param: str | None = None
-    activation_checkpointing: bool | None = None
+    activation_checkpointing: str | None = None  # none | full | selective (spec: false | true | selective)
     micro_batch_size: int | None = None
     gradient_accumulation_steps: int | None = None
     memory_headroom: float = 0.10
