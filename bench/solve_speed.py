@@ -2,6 +2,10 @@
 
 Targets: `dsgen new` under 0.3 s cold (issue: pipeline); a 70B model on 64 GPUs with every
 dimension free solves in under 50 ms in-process. Run: python bench/solve_speed.py
+
+It also prints where one cold `dsgen new` spends its time (a fresh interpreter that imports and
+runs the steps in turn with the console script's settings, cyclic GC paused): the interpreter
+itself, each third-party import, dsgen's own imports, the dataclasses they create, and the work.
 """
 
 from __future__ import annotations
@@ -43,6 +47,47 @@ def cold(args: list[str]) -> list[float]:
     return samples
 
 
+BREAKDOWN = r"""
+import gc, sys, time
+gc.disable()  # as dsgen._console.run does
+import dataclasses
+created = [0, 0.0]
+_process_class = dataclasses._process_class
+def _timed(cls, *args, **kwargs):  # measurement only: how long dataclass creation takes
+    start = time.perf_counter()
+    try:
+        return _process_class(cls, *args, **kwargs)
+    finally:
+        created[0] += 1
+        created[1] += time.perf_counter() - start
+dataclasses._process_class = _timed
+marks = [("start", time.perf_counter())]
+def mark(name): marks.append((name, time.perf_counter()))
+import typer; mark("import typer")
+import yaml; mark("import yaml")
+import jinja2; mark("import jinja2")
+before_count, before = created
+import dsgen.api, dsgen.cli.plan_cmd, dsgen.output, dsgen.report, dsgen.validate; mark("import dsgen")
+from pathlib import Path
+spec = dsgen.api.load_spec(Path(sys.argv[1])); mark("load spec + presets")
+result = dsgen.api.solve_spec(spec); mark("solve")
+rendered = dsgen.api.render_plan(spec, result.best.plan); mark("render + validate")
+steps = ", ".join(f"{name} {1000 * (t - prev):.0f} ms" for (name, t), (_, prev) in zip(marks[1:], marks[:-1]))
+print(f"{steps} (dsgen's imports created {created[0] - before_count} dataclasses: {1000 * (created[1] - before):.0f} ms)")
+"""
+
+
+def breakdown() -> str:
+    """One cold process's time split (see module docstring); interpreter start-up measured apart."""
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    bare = time.perf_counter() - start
+    done = subprocess.run([sys.executable, "-c", BREAKDOWN, str(EXAMPLE)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"breakdown failed:\n{done.stderr}")
+    return f"where a cold dsgen new goes: interpreter start+exit {bare * 1000:.0f} ms, " + done.stdout.strip()
+
+
 def main() -> None:
     subprocess.run([*_dsgen(), "presets", "gpus"], capture_output=True)  # warm the page cache and .pyc files
     solve_times = cold(["solve", str(EXAMPLE), "--json"])
@@ -57,6 +102,7 @@ def main() -> None:
         f"dsgen new   (cold process): median {statistics.median(new_times) * 1000:.0f} ms, "
         f"min {min(new_times) * 1000:.0f} ms over {RUNS} runs  (target < 300 ms)"
     )
+    print(breakdown())
 
     sys.path.insert(0, str(REPO))
     from dsgen.solver import solve
