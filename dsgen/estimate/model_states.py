@@ -243,6 +243,13 @@ def gradient_bytes_by_phase(shape: ModelShape, plan: Plan) -> tuple[int, int]:
     return w * layout.partition, w * layout.partition + FP32 * layout.largest_sub_group
 
 
+@lru_cache(maxsize=256)
+def _whole_model_state_bytes(shape: ModelShape, optimizer: str) -> int:
+    """Optimizer state when the optimizer sees the model's own tensors (no ZeRO); memoised, as the
+    solver asks for it once per stage-0 candidate."""
+    return state_bytes(optimizer, parameter_shapes(shape))
+
+
 def model_state_bytes(shape: ModelShape, plan: Plan, optimizer: str) -> tuple[int, int, int]:
     """(parameters, gradients, optimizer states) on one GPU, in bytes (the worst rank).
 
@@ -258,7 +265,7 @@ def model_state_bytes(shape: ModelShape, plan: Plan, optimizer: str) -> tuple[in
     if stage == 0:
         # fp32 training has no wrapper (no master copy); the optimizer sees the model's own shapes
         master = FP32 * p if plan.mixed_precision else 0
-        return w * p, grads, master + state_bytes(optimizer, parameter_shapes(shape))
+        return w * p, grads, master + _whole_model_state_bytes(shape, optimizer)
 
     if stage < 3:
         size = zero12_partition(shape, n)
