@@ -4,8 +4,9 @@ For each case (AdamW, which DeepSpeed builds from the config: ZeRO 0-3 and CPU o
 at stage 2 and 3, each in bf16 and fp32, plus ZeRO-1 offload in bf16; and two client optimizers
 the worker builds and passes to ``deepspeed.initialize``, ``torch.optim.Adafactor`` and
 bitsandbytes' ``AdamW8bit``: ZeRO-0 in fp32 and bf16, ZeRO 1-3 in bf16; the 8-bit cases run only
-where bitsandbytes is importable, ``pip install --no-deps bitsandbytes``) this builds a dsgen spec for a Llama model read from a config.json (2 GPUs on one node, every search
-dimension pinned: micro-batch 1, gradient accumulation 2, no checkpointing), solves it, renders the
+where bitsandbytes is importable, ``pip install --no-deps bitsandbytes``) this builds a dsgen
+spec for a Llama model read from a config.json (2 GPUs on one node, every search dimension
+pinned: micro-batch 1, gradient accumulation 2, no checkpointing), solves it, renders the
 DeepSpeed config and trains the model with that config for one optimizer step on DeepSpeed's CPU
 accelerator (2 ranks, gloo, one torchrun launch per model running its cases in turn). Inside every
 rank it sums the bytes of the tensors DeepSpeed holds, each storage once, classified by the

@@ -73,7 +73,8 @@ spec = dsgen.api.load_spec(Path(sys.argv[1])); mark("load spec + presets")
 result = dsgen.api.solve_spec(spec); mark("solve")
 rendered = dsgen.api.render_plan(spec, result.best.plan); mark("render + validate")
 steps = ", ".join(f"{name} {1000 * (t - prev):.0f} ms" for (name, t), (_, prev) in zip(marks[1:], marks[:-1]))
-print(f"{steps} (dsgen's imports created {created[0] - before_count} dataclasses: {1000 * (created[1] - before):.0f} ms)")
+count, seconds = created[0] - before_count, created[1] - before
+print(f"{steps} (dsgen's imports created {count} dataclasses: {1000 * seconds:.0f} ms)")
 """
 
 

@@ -1,11 +1,11 @@
 """The bundled GPU and model presets, loaded from ``data/gpus.yaml`` and ``data/models.yaml``.
 
-Every CLI command touches the catalog and the CLI has to start fast, so a file is composed once per
-process with libyaml (``CSafeLoader`` when PyYAML was built with it) and an entry is turned into
-Python objects and checked only when it is asked for: building all thirty model presets in pure
-Python cost ``dsgen new`` about 20 ms for the one it needed. Lookups normalise what people type (case, ``_`` or spaces for ``-``) and answer
-an unknown name with a did-you-mean and the full list, because a typo in ``hardware.gpu`` is the
-most likely first error a new user makes.
+Every CLI command touches the catalog and the CLI has to start fast, so a file is composed once
+per process with libyaml (``CSafeLoader`` when PyYAML was built with it) and an entry is turned
+into Python objects and checked only when it is asked for: building all thirty model presets in
+pure Python cost ``dsgen new`` about 20 ms for the one it needed. Lookups normalise what people
+type (case, ``_`` or spaces for ``-``) and answer an unknown name with a did-you-mean and the full
+list, because a typo in ``hardware.gpu`` is the most likely first error a new user makes.
 
 The shipped data is checked field by field on load: a typo in a preset file is a packaging bug,
 reported as ``ValueError`` naming the preset and the key, never silently turned into a default.
