@@ -410,11 +410,9 @@ def selective_recompute(model: torch.nn.Module, held: list[torch.Tensor]) -> Ite
     v, mask) are saved by the checkpoint through the saved-tensor hooks; keyword tensors live in
     its recompute closure and are appended to ``held``.
     """
-    import sys as _sys
-
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    modeling = _sys.modules[type(model).__module__]
+    modeling = sys.modules[type(model).__module__]
     eager = modeling.eager_attention_forward
     sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
     had_local_sdpa = "sdpa" in ALL_ATTENTION_FUNCTIONS._local_mapping

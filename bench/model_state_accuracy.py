@@ -59,8 +59,6 @@ import importlib
 import importlib.util
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -71,7 +69,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script from a checkout: import this dsgen
     sys.path.insert(0, str(REPO))
-from tests.ds_oracle import worker_env  # noqa: E402  (the same torchrun environment as the test oracle)
+from tests.ds_oracle import run_torchrun  # noqa: E402  (the test oracle's torchrun launcher and environment)
 
 TARGET = 0.02
 RANKS = 2
@@ -209,32 +207,10 @@ def run_model(model: str, cases: list[Case], workdir: Path) -> list[dict[str, An
     }
     job_file = workdir / f"{model}-job.json"
     job_file.write_text(json.dumps(job))
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={RANKS}",
-        str(Path(__file__).resolve()),
-        "--worker",
-        str(job_file),
-    ]
-    # Own process group, so a timeout can kill torchrun and every rank it started.
-    proc = subprocess.Popen(
-        cmd,
-        cwd=workdir,
-        env=worker_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors="replace",
-        start_new_session=True,
+    # one torchrun launch runs every case in turn (see ``worker``)
+    returncode, log, _, _ = run_torchrun(
+        [str(Path(__file__).resolve()), "--worker", str(job_file)], ranks=RANKS, cwd=workdir, timeout=TIMEOUT_S
     )
-    try:
-        log, _ = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        log = proc.communicate()[0] + f"\n[killed after {TIMEOUT_S} s]\n"
     (workdir / f"{model}-train.log").write_text(log)
     rows = []
     for case in cases:
@@ -244,7 +220,7 @@ def run_model(model: str, cases: list[Case], workdir: Path) -> list[dict[str, An
             per_rank.append(json.loads(path.read_text()) if path.exists() else None)
         if any(r is None or "error" in r for r in per_rank):
             errors = [r.get("error") if r else "no result" for r in per_rank]
-            print(f"{model}/{case.name} FAILED (torchrun rc={proc.returncode}): {errors[0]}\n{log[-3000:]}")
+            print(f"{model}/{case.name} FAILED (torchrun rc={returncode}): {errors[0]}\n{log[-3000:]}")
             rows.append({"model": model, "case": case.name, "error": errors[0]})
             continue
         measured = {key: max(r["measured"][key] for r in per_rank) for key in per_rank[0]["measured"]}

@@ -45,26 +45,28 @@ class Plan:
     zero_stage: int
     offload_optimizer: str  # none | cpu | nvme
     offload_param: str  # none | cpu | nvme
-    activation_checkpointing: bool
+    # what backward recomputes: none; selective - only the attention function (Korthikanti et al.
+    # 2022); full - every layer (gradient checkpointing)
+    checkpointing: str
     micro_batch_size: int
     gradient_accumulation_steps: int
     data_parallel_size: int
     knobs: ZeroKnobs = ZeroKnobs()
     offload_ratio: float = 1.0  # share of optimizer work done on the CPU (ZeRO-3 partial offload)
-    # selective recomputation (Korthikanti et al. 2022): only the attention function is recomputed
-    # in backward; meaningful without activation_checkpointing, which recomputes whole layers
-    selective_recompute: bool = False
 
     @property
     def global_batch_size(self) -> int:
         return self.micro_batch_size * self.gradient_accumulation_steps * self.data_parallel_size
 
     @property
-    def checkpointing(self) -> str:
-        """``none``, ``full`` (every layer recomputed) or ``selective`` (attention recomputed)."""
-        if self.activation_checkpointing:
-            return "full"
-        return "selective" if self.selective_recompute else "none"
+    def activation_checkpointing(self) -> bool:
+        """Every layer recomputed in backward (the output contract's ``activation_checkpointing``)."""
+        return self.checkpointing == "full"
+
+    @property
+    def selective_recompute(self) -> bool:
+        """Only the attention function recomputed in backward (``selective_recompute``)."""
+        return self.checkpointing == "selective"
 
     @property
     def mixed_precision(self) -> bool:

@@ -199,7 +199,7 @@ def _parse_info(log: str) -> dict[str, str]:
 
 
 def worker_env() -> dict[str, str]:
-    """Environment for torchrun and its ranks (also used by bench/model_state_accuracy.py).
+    """Environment for torchrun and its ranks (run_torchrun, prebuild_ops).
 
     * ``DS_ACCELERATOR=cpu``: the oracle always exercises the CPU code paths CI has.
     * this interpreter's ``bin`` first on ``PATH``: DeepSpeed JIT-builds its CPU ops with the
@@ -277,6 +277,37 @@ def prebuild_ops(ops: list[str], *, timeout: float = 1800) -> tuple[float, str]:
         return time.monotonic() - start, f"[ds_oracle] op prebuild failed ({proc.returncode}):\n{proc.stdout}"
 
 
+def run_torchrun(args: list[str], *, ranks: int, cwd: Path, timeout: float) -> tuple[int, str, bool, float]:
+    """Run ``torchrun --standalone --nproc_per_node=RANKS ARGS`` in :func:`worker_env`.
+
+    Returns ``(return code, combined log, timed out, seconds)``; never raises for a failed run.
+    torchrun gets its own session (process group), so a timeout kills it *and* every rank it
+    spawned; the log then ends with a line saying so.
+    """
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", *args]
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=worker_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
+    timed_out = False
+    try:
+        log, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        log, _ = proc.communicate()
+        log += f"\n[ds_oracle] killed after {timeout:.0f}s timeout\n"
+    return proc.returncode, log, timed_out, time.monotonic() - start
+
+
 def train_steps(
     config: dict[str, Any],
     *,
@@ -309,53 +340,18 @@ def train_steps(
     tmp_path.mkdir(parents=True, exist_ok=True)
     config_path = tmp_path / "ds_config.json"
     config_path.write_text(json.dumps(config, indent=2))
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={ranks}",
-        str(WORKER),
-        "--config",
-        str(config_path),
-        "--steps",
-        str(steps),
-        "--model",
-        model,
-        "--seq-len",
-        str(seq_len),
-    ]
+    args = [str(WORKER), "--config", str(config_path), "--steps", str(steps), "--model", model]
+    args += ["--seq-len", str(seq_len)]
     if checkpointing:
-        cmd.append("--activation-checkpointing")
+        args.append("--activation-checkpointing")
     if client_optimizer:
-        cmd += ["--client-optimizer", client_optimizer]
-
-    start = time.monotonic()
-    # Own session/process group, so a timeout can kill torchrun *and* every rank it spawned.
-    proc = subprocess.Popen(
-        cmd,
-        cwd=tmp_path,  # anything DeepSpeed writes relative to cwd lands in the test's tmp dir
-        env=worker_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors="replace",
-        start_new_session=True,
-    )
-    timed_out = False
-    try:
-        log, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        log, _ = proc.communicate()
-        log += f"\n[ds_oracle] killed after {timeout:.0f}s timeout\n"
-    duration = time.monotonic() - start
+        args += ["--client-optimizer", client_optimizer]
+    # cwd: anything DeepSpeed writes relative to it lands in the test's tmp dir
+    returncode, log, timed_out, duration = run_torchrun(args, ranks=ranks, cwd=tmp_path, timeout=timeout)
     log = build_log + log
     (tmp_path / "train.log").write_text(log)
     return TrainResult(
-        returncode=proc.returncode,
+        returncode=returncode,
         losses=_parse_losses(log),
         log=log,
         info=_parse_info(log),

@@ -47,7 +47,7 @@ def _plan(stage: int, offload_optimizer: str, offload_param: str, dp: int) -> Pl
         zero_stage=stage,
         offload_optimizer=offload_optimizer,
         offload_param=offload_param,
-        activation_checkpointing=False,
+        checkpointing="none",
         micro_batch_size=1,
         gradient_accumulation_steps=1,
         data_parallel_size=dp,

@@ -40,7 +40,7 @@ def _plan(stage: int, precision: str, ranks: int) -> Plan:
         zero_stage=stage,
         offload_optimizer="none",
         offload_param="none",
-        activation_checkpointing=False,
+        checkpointing="none",
         micro_batch_size=1,
         gradient_accumulation_steps=1,
         data_parallel_size=ranks,

@@ -33,7 +33,7 @@ COMMAND_MODULES = {
 
 
 def _root() -> None:
-    """Solve, render and validate DeepSpeed configs from a hardware + model + training spec."""
+    """The group callback: it does nothing, but keeps ``dsgen`` a command group (help: ``HELP``)."""
 
 
 def build_app(argv: list[str] | None = None) -> typer.Typer:
