@@ -6,10 +6,18 @@ dimension free solves in under 50 ms in-process. Run: python bench/solve_speed.p
 It also prints where one cold `dsgen new` spends its time (a fresh interpreter that imports and
 runs the steps in turn with the console script's settings, cyclic GC paused): the interpreter
 itself, each third-party import, dsgen's own imports, the dataclasses they create, and the work.
+
+The VM this was built on runs the same process anywhere from 190 to 330 ms depending on what its
+neighbours do, in phases that last minutes. So the cold samples are taken in rounds that also time
+the fixed floor (a bare interpreter importing typer, PyYAML and Jinja2 as the console script does):
+a slow floor says the machine, not dsgen, was slow. Where valgrind is installed the script also
+counts the instructions of one cold `dsgen new` and of the floor, figures that do not move with the
+machine's load and so show what a change to dsgen bought.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import statistics
 import subprocess
@@ -35,16 +43,44 @@ def _dsgen() -> list[str]:
     return [exe] if exe else [sys.executable, "-m", "dsgen"]
 
 
-def cold(args: list[str]) -> list[float]:
-    """Median-friendly samples of one CLI invocation in a fresh process each time."""
-    samples = []
+# What every cold dsgen start pays before dsgen's own code runs: the interpreter and the three
+# fixed dependencies, imported the way dsgen._console.run imports them (cyclic GC paused, os._exit).
+FLOOR = "import gc, os; gc.disable(); import typer, yaml, jinja2, jinja2.sandbox; os._exit(0)"
+
+
+def cold_rounds(commands: dict[str, list[str]]) -> dict[str, list[float]]:
+    """Wall seconds of each command in a fresh process, ``RUNS`` rounds of one run each.
+
+    Interleaving the commands puts their samples in the same machine state, so their medians
+    can be compared with each other even when the machine's speed drifts.
+    """
+    samples: dict[str, list[float]] = {name: [] for name in commands}
     for _ in range(RUNS):
-        start = time.perf_counter()
-        done = subprocess.run([*_dsgen(), *args], capture_output=True, text=True)
-        samples.append(time.perf_counter() - start)
-        if done.returncode != 0:
-            raise SystemExit(f"dsgen {' '.join(args)} failed ({done.returncode}):\n{done.stderr}")
+        for name, argv in commands.items():
+            start = time.perf_counter()
+            done = subprocess.run(argv, capture_output=True, text=True)
+            samples[name].append(time.perf_counter() - start)
+            if done.returncode != 0:
+                raise SystemExit(f"{' '.join(argv)} failed ({done.returncode}):\n{done.stderr}")
     return samples
+
+
+def instructions(argv: list[str]) -> int | None:
+    """Instructions one run of ``argv`` executes, counted by callgrind; None without valgrind."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        return None
+    done = subprocess.run(
+        [valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv], capture_output=True, text=True
+    )
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if done.returncode != 0 or found is None:
+        raise SystemExit(f"callgrind on {' '.join(argv)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def _ms(samples: list[float]) -> str:
+    return f"median {statistics.median(samples) * 1000:.0f} ms, min {min(samples) * 1000:.0f} ms"
 
 
 BREAKDOWN = r"""
@@ -91,19 +127,28 @@ def breakdown() -> str:
 
 def main() -> None:
     subprocess.run([*_dsgen(), "presets", "gpus"], capture_output=True)  # warm the page cache and .pyc files
-    solve_times = cold(["solve", str(EXAMPLE), "--json"])
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "ds_config.json"
-        new_times = cold(["new", str(EXAMPLE), "-o", str(out), "--force"])
+        new = [*_dsgen(), "new", str(EXAMPLE), "-o", str(Path(tmp) / "ds_config.json"), "--force"]
+        commands = {
+            "floor": [sys.executable, "-c", FLOOR],
+            "solve": [*_dsgen(), "solve", str(EXAMPLE), "--json"],
+            "new": new,
+        }
+        samples = cold_rounds(commands)
+        counts = {"floor": instructions(commands["floor"]), "new": instructions(new)}
+    print(f"dsgen solve (cold process): {_ms(samples['solve'])} over {RUNS} runs")
+    print(f"dsgen new   (cold process): {_ms(samples['new'])} over {RUNS} runs  (target < 300 ms)")
     print(
-        f"dsgen solve (cold process): median {statistics.median(solve_times) * 1000:.0f} ms, "
-        f"min {min(solve_times) * 1000:.0f} ms over {RUNS} runs"
-    )
-    print(
-        f"dsgen new   (cold process): median {statistics.median(new_times) * 1000:.0f} ms, "
-        f"min {min(new_times) * 1000:.0f} ms over {RUNS} runs  (target < 300 ms)"
+        f"  the same rounds' floor (python importing typer, PyYAML, Jinja2; nothing of dsgen): {_ms(samples['floor'])}"
     )
     print(breakdown())
+    if counts["new"] is not None and counts["floor"] is not None:
+        print(
+            f"instructions (callgrind; independent of machine load): one dsgen new {counts['new'] / 1e6:.0f} M, "
+            f"the floor {counts['floor'] / 1e6:.0f} M, dsgen's own share {(counts['new'] - counts['floor']) / 1e6:.0f} M"
+        )
+    else:
+        print("instructions: not counted (valgrind is not installed)")
 
     sys.path.insert(0, str(REPO))
     from dsgen.solver import solve
