@@ -1,7 +1,8 @@
 """Wall time of `dsgen solve` and `dsgen new` from a cold process, and of an in-process solve.
 
 Targets: `dsgen new` under 0.3 s cold (issue: pipeline); a 70B model on 64 GPUs with every
-dimension free solves in under 50 ms in-process. Run: python bench/solve_speed.py
+dimension free solves in under 50 ms in-process. Run it with the Python of the environment dsgen
+is installed in: .venv/bin/python bench/solve_speed.py
 
 It also prints where one cold `dsgen new` spends its time (a fresh interpreter that imports and
 runs the steps in turn with the console script's settings, cyclic GC paused): the interpreter
@@ -39,8 +40,31 @@ training: {sequence_length: 4096, global_batch_size: 1024}
 
 
 def _dsgen() -> list[str]:
-    exe = shutil.which("dsgen")
-    return [exe] if exe else [sys.executable, "-m", "dsgen"]
+    """dsgen as its user runs it: the console script installed beside this interpreter, else ``-m``.
+
+    Not whatever ``dsgen`` comes first on PATH, which may belong to another environment than the
+    one whose Python runs this script (and imports dsgen for the in-process figures).
+    """
+    script = Path(sys.executable).parent / "dsgen"
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "dsgen"]
+
+
+def _warm() -> None:
+    """Bring dsgen to the state an installed copy is in: sources compiled, files in the page cache.
+
+    pip writes the .pyc files of what it installs; an editable checkout gets them on its first
+    run, unless PYTHONDONTWRITEBYTECODE is set (as in many container images). Then every run
+    compiles dsgen's sources again and the samples would time the bytecode compiler, not dsgen.
+    compileall writes them whatever that variable says.
+    """
+    located = subprocess.run(
+        [sys.executable, "-c", "import dsgen, os; print(os.path.dirname(dsgen.__file__))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    subprocess.run([sys.executable, "-m", "compileall", "-q", located.stdout.strip()], check=True)
+    subprocess.run([*_dsgen(), "presets", "gpus"], capture_output=True, check=True)
 
 
 # What every cold dsgen start pays before dsgen's own code runs: the interpreter and the three
@@ -126,7 +150,7 @@ def breakdown() -> str:
 
 
 def main() -> None:
-    subprocess.run([*_dsgen(), "presets", "gpus"], capture_output=True)  # warm the page cache and .pyc files
+    _warm()
     with tempfile.TemporaryDirectory() as tmp:
         new = [*_dsgen(), "new", str(EXAMPLE), "-o", str(Path(tmp) / "ds_config.json"), "--force"]
         commands = {
