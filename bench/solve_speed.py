@@ -5,7 +5,7 @@ dimension free solves in under 50 ms in-process. Run it with the Python of the e
 is installed in: .venv/bin/python bench/solve_speed.py
 
 It also prints where one cold `dsgen new` spends its time (a fresh interpreter that imports and
-runs the steps in turn with the console script's settings, cyclic GC paused): the interpreter
+runs the steps in turn with the console script's collector settings): the interpreter
 itself, each third-party import, dsgen's own imports, the dataclasses they create, and the work.
 
 The VM this was built on runs the same process anywhere from 190 to 330 ms depending on what its
@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import installed_dsgen  # bench/installed_dsgen.py
+
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "llama-3.1-8b-8xh100.yaml"
 RUNS = 15  # this VM is noisy (+-40 ms run to run): more samples give a stabler median
@@ -39,37 +41,12 @@ training: {sequence_length: 4096, global_batch_size: 1024}
 """
 
 
-def _dsgen() -> list[str]:
-    """dsgen as its user runs it: the console script installed beside this interpreter, else ``-m``.
-
-    Not whatever ``dsgen`` comes first on PATH, which may belong to another environment than the
-    one whose Python runs this script (and imports dsgen for the in-process figures).
-    """
-    script = Path(sys.executable).parent / "dsgen"
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "dsgen"]
-
-
-def _warm() -> None:
-    """Bring dsgen to the state an installed copy is in: sources compiled, files in the page cache.
-
-    pip writes the .pyc files of what it installs; an editable checkout gets them on its first
-    run, unless PYTHONDONTWRITEBYTECODE is set (as in many container images). Then every run
-    compiles dsgen's sources again and the samples would time the bytecode compiler, not dsgen.
-    compileall writes them whatever that variable says.
-    """
-    located = subprocess.run(
-        [sys.executable, "-c", "import dsgen, os; print(os.path.dirname(dsgen.__file__))"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    subprocess.run([sys.executable, "-m", "compileall", "-q", located.stdout.strip()], check=True)
-    subprocess.run([*_dsgen(), "presets", "gpus"], capture_output=True, check=True)
-
-
 # What every cold dsgen start pays before dsgen's own code runs: the interpreter and the three
-# fixed dependencies, imported the way dsgen._console.run imports them (cyclic GC paused, os._exit).
-FLOOR = "import gc, os; gc.disable(); import typer, yaml, jinja2, jinja2.sandbox; os._exit(0)"
+# fixed dependencies, imported with dsgen._console.run's settings (its collector threshold, os._exit).
+FLOOR = (
+    "import gc, os; gc.set_threshold({threshold}, *gc.get_threshold()[1:]); "
+    "import typer, yaml, jinja2, jinja2.sandbox; os._exit(0)"
+)
 
 
 def cold_rounds(commands: dict[str, list[str]]) -> dict[str, list[float]]:
@@ -109,7 +86,8 @@ def _ms(samples: list[float]) -> str:
 
 BREAKDOWN = r"""
 import gc, sys, time
-gc.disable()  # as dsgen._console.run does
+from dsgen._console import GEN0_THRESHOLD  # imports nothing else of dsgen's
+gc.set_threshold(GEN0_THRESHOLD, *gc.get_threshold()[1:])  # as dsgen._console.run does
 import dataclasses
 created = [0, 0.0]
 _process_class = dataclasses._process_class
@@ -150,12 +128,14 @@ def breakdown() -> str:
 
 
 def main() -> None:
-    _warm()
+    from dsgen._console import GEN0_THRESHOLD
+
+    installed_dsgen.warm()
     with tempfile.TemporaryDirectory() as tmp:
-        new = [*_dsgen(), "new", str(EXAMPLE), "-o", str(Path(tmp) / "ds_config.json"), "--force"]
+        new = [*installed_dsgen.command(), "new", str(EXAMPLE), "-o", str(Path(tmp) / "ds_config.json"), "--force"]
         commands = {
-            "floor": [sys.executable, "-c", FLOOR],
-            "solve": [*_dsgen(), "solve", str(EXAMPLE), "--json"],
+            "floor": [sys.executable, "-c", FLOOR.format(threshold=GEN0_THRESHOLD)],
+            "solve": [*installed_dsgen.command(), "solve", str(EXAMPLE), "--json"],
             "new": new,
         }
         samples = cold_rounds(commands)
