@@ -397,8 +397,10 @@ def _search(spec: Spec, global_batch: int, accounting: str) -> tuple[list[Evalua
 
     1. Knob variants are ordered fastest-first and never larger in GPU memory than the previous
        one, so the first that fits is the best setting for that plan; leaner ones are not tried.
-    2. GPU memory grows with the micro-batch, so once a micro-batch does not fit on the GPU even
-       with the leanest knobs, no larger one of the same structure can, and none is tried.
+    2. GPU memory grows with the micro-batch while gradients are accumulated, so once a micro-batch
+       does not fit on the GPU even with the leanest knobs, no larger one that still accumulates
+       can. The single-step split (accumulation 1) is still tried: ZeRO-2 holds a second gradient
+       buffer only when it accumulates, so that split can need less memory than smaller ones.
     """
     dp = spec.hardware.world_size
     precision = resolve_precision(spec)
@@ -413,7 +415,10 @@ def _search(spec: Spec, global_batch: int, accounting: str) -> tuple[list[Evalua
             # everything is offloaded, so split the rank's partition into at least eight.
             groups = max(1_000_000, -(-spec.model.parameter_count() // dp // 8))
             variants = [replace(k, sub_group_size=min(k.sub_group_size, groups)) for k in variants]
+        overflowed = False
         for micro, accum in splits:
+            if overflowed and accum > 1:
+                continue
             chosen: Evaluation | None = None
             for knobs in variants:
                 plan = Plan(
@@ -434,8 +439,7 @@ def _search(spec: Spec, global_batch: int, accounting: str) -> tuple[list[Evalua
                     break
             assert chosen is not None
             kept.append(chosen)
-            if not chosen.fits_gpu:
-                break
+            overflowed = overflowed or not chosen.fits_gpu
     return kept, evaluated
 
 

@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 
 from dsgen.api import load_spec, solve_spec
 from dsgen.errors import DsgenError, ExitCode, InfeasibleError
 from dsgen.report import result_dict
-from dsgen.solver import require_feasible
+from dsgen.solver import require_feasible, resolve_global_batch
 from dsgen.spec.loader import load_spec_text, spec_from_data
 from dsgen.spec.yaml_source import SourceMap
 from tests.cli_helpers import run_cli
@@ -94,6 +94,42 @@ def test_more_gpu_memory_never_gives_a_slower_plan(data: dict[str, Any]) -> None
         assert large.feasible
         assert large.best is not None and small.best is not None
         assert large.best.step.total_s <= small.best.step.total_s + 1e-12
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(data=specs())
+def test_no_pinned_micro_batch_beats_the_free_choice(data: dict[str, Any]) -> None:
+    """The search's pruning must never hide a faster split: pinning each micro-batch in turn (a
+    search with nothing to prune across splits) finds nothing the free search missed."""
+    spec = _build(data)
+    assume(spec.constraints.micro_batch_size is None and spec.constraints.gradient_accumulation_steps is None)
+    free = solve_spec(spec)
+    dp = spec.hardware.world_size
+    per_rank = resolve_global_batch(spec, dp).sequences // dp
+    for micro in (m for m in range(1, per_rank + 1) if per_rank % m == 0):
+        pinned = solve_spec(replace(spec, constraints=replace(spec.constraints, micro_batch_size=micro)))
+        if pinned.feasible:
+            assert free.feasible and free.best is not None and pinned.best is not None
+            assert free.best.step.total_s <= pinned.best.step.total_s + 1e-12, (micro, free.best.plan)
+
+
+def test_zero2_single_step_split_is_found_after_an_accumulating_one_overflows() -> None:
+    """ZeRO-2 holds two gradient buffers only while it accumulates: here 2 x 2 overflows the GPU
+    while 4 x 1 fits, and is twice as fast as the 1 x 4 that also fits."""
+    spec = spec_from(
+        "model: {preset: llama-3.1-8b}\n"
+        "hardware: {gpu: h100-80gb, gpus_per_node: 4, nodes: 1, cpu_memory_gib: 1024}\n"
+        "training: {sequence_length: 128, global_batch_size: 16, precision: fp32}\n"
+        "constraints: {zero_stage: 2, offload_optimizer: none, activation_checkpointing: false}\n"
+    )
+    splits = {
+        micro: solve_spec(replace(spec, constraints=replace(spec.constraints, micro_batch_size=micro)))
+        for micro in (1, 2, 4)
+    }
+    assert splits[1].feasible and not splits[2].feasible and splits[4].feasible  # the shape of the trap
+    best = require_feasible(solve_spec(spec))
+    assert (best.plan.micro_batch_size, best.plan.gradient_accumulation_steps) == (4, 1)
+    assert best.step.total_s == require_feasible(splits[4]).step.total_s
 
 
 @SETTINGS
