@@ -39,6 +39,7 @@ def memory_dict(e: Evaluation) -> dict[str, Any]:
             "usable": e.usable_gpu_bytes,
             "peak_phase": gpu.peak_phase,
             "phases": {"forward_backward": gpu.forward_backward, "optimizer_step": gpu.optimizer_step},
+            "gradients_by_phase": {"forward_backward": gpu.backward_gradients, "optimizer_step": gpu.step_gradients},
         },
         "cpu": {
             "total": e.memory.cpu.total,

@@ -243,7 +243,9 @@ def test_json_contract(capsys) -> None:
         phases["forward_backward"]
         >= gpu["parameters"] + gpu["optimizer_states"] + gpu["activations"] + gpu["buffers"] + gpu["transient"]
     )
-    assert phases["optimizer_step"] >= gpu["parameters"] + gpu["gradients"] + gpu["optimizer_states"]
+    by_phase = gpu["gradients_by_phase"]
+    assert gpu["gradients"] == max(by_phase.values())  # each term is its own largest value
+    assert phases["optimizer_step"] >= gpu["parameters"] + by_phase["optimizer_step"] + gpu["optimizer_states"]
     assert body["accounting"] == "dsgen"
     for section in ("cpu", "nvme"):
         assert isinstance(body["memory"][section]["total"], int)
@@ -252,6 +254,29 @@ def test_json_contract(capsys) -> None:
     stages = sorted(alt["zero_stage"] for alt in body["alternatives"])
     assert stages == sorted({0, 1, 2, 3} - {body["plan"]["zero_stage"]})
     assert all({"feasible", "memory_gpu_total", "step_time_s", "reason"} <= set(alt) for alt in body["alternatives"])
+
+
+def test_zero1_reports_the_backward_gradients_when_they_are_the_larger(capsys) -> None:
+    """ZeRO-1 keeps every param.grad whole until the boundary reduction; with CPU optimizer offload
+    the step itself holds only a largest-tensor staging buffer. ``gradients`` must be the former."""
+    result = run_cli(
+        [
+            "solve",
+            str(EXAMPLES_DIR / "llama-3.1-8b-8xh100.yaml"),
+            "--set",
+            "constraints.zero_stage=1",
+            "--set",
+            "constraints.offload_optimizer=cpu",
+            "--json",
+        ],
+        capsys,
+    )
+    assert result.exit_code == 0, result.stderr
+    gpu = json.loads(result.stdout)["memory"]["gpu"]
+    published = 8_030_261_248  # Llama-3.1-8B's parameter count (model card)
+    staging = 2 * 128_256 * 4_096  # bf16 copy of the largest tensor, the 128,256 x 4,096 embedding
+    assert gpu["gradients_by_phase"] == {"forward_backward": 2 * published + staging, "optimizer_step": staging}
+    assert gpu["gradients"] == 2 * published + staging
 
 
 def test_indivisible_batch_suggests_nearest() -> None:

@@ -37,22 +37,27 @@ HOST_RESERVE = 0.10  # share of host RAM left for the OS, page cache and data lo
 class GpuMemory:
     """Per-GPU memory of one plan.
 
-    Each term is its own largest value during a step. They do not all peak together: activations
-    and the loss transient exist only in forward/backward, while the optimizer step holds the fp32
-    gradients (see ``gradients``) after activations are freed. ``total`` is the higher of the two
-    phases, and ``peak_phase`` says which.
+    Each reported term is its own largest value during a step. They do not all peak together:
+    activations and the loss transient exist only in forward/backward, while the optimizer step
+    holds the fp32 gradients (``step_gradients``) after activations are freed. ``total`` is the
+    higher of the two phases, and ``peak_phase`` says which.
     """
 
     parameters: int
-    gradients: int  # the most gradient memory held at once (the optimizer step's hand-off)
     optimizer_states: int
     activations: int
     buffers: int
     transient: int
     overhead: int
     capacity: int
-    backward_gradients: int = 0  # gradient memory while forward/backward run
+    backward_gradients: int  # gradient memory while forward/backward run
+    step_gradients: int  # the optimizer step's hand-off: fp32 gradients formed beside the 16-bit ones
     step_overhead: int = 0  # fixed allowances only: no activation-proportional slack in the step
+
+    @property
+    def gradients(self) -> int:
+        """The most gradient memory held at once, in either phase (ZeRO-0/1 peak in backward)."""
+        return max(self.backward_gradients, self.step_gradients)
 
     @property
     def forward_backward(self) -> int:
@@ -68,7 +73,7 @@ class GpuMemory:
 
     @property
     def optimizer_step(self) -> int:
-        return self.parameters + self.gradients + self.optimizer_states + self.buffers + self.step_overhead
+        return self.parameters + self.step_gradients + self.optimizer_states + self.buffers + self.step_overhead
 
     @property
     def total(self) -> int:
@@ -268,7 +273,6 @@ def estimate_memory(
     fixed = CUDA_CONTEXT_BYTES + COMM_LIBRARY_BYTES
     gpu = GpuMemory(
         parameters=params,
-        gradients=grads,
         optimizer_states=optimizer_states,
         activations=acts.total,
         buffers=buffers,
@@ -276,6 +280,7 @@ def estimate_memory(
         overhead=fixed + int(ALLOCATOR_SLACK * dynamic),
         capacity=hardware.gpu.memory_bytes,
         backward_gradients=backward_grads,
+        step_gradients=grads,
         step_overhead=fixed,
     )
     cpu = HostMemory(total=host_total, capacity=hardware.cpu_memory_bytes, offloaded_states=offloaded, process=process)
