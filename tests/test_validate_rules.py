@@ -9,8 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dsgen.validate import RULES, Report, validate_config
+from dsgen.validate.schema_check import base_schema
 
 MB = {"train_micro_batch_size_per_gpu": 2}
 ADAMW = {"type": "AdamW", "params": {"lr": 1e-4}}
@@ -302,6 +305,49 @@ def test_duplicate_key_rule(tmp_path: Any) -> None:
     near = tmp_path / "near.json"
     near.write_text('{"fp16": {"enabled": true}, "bf16": {"enabled": false}, "train_batch_size": 8}')
     assert "duplicate-key" not in ids(validate_file(near))
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+def _schema_paths() -> list[tuple[str, ...]]:
+    """Every top-level key of DeepSpeed's schema and every key one level inside a section."""
+    paths: list[tuple[str, ...]] = []
+    for key, sub in base_schema()["properties"].items():
+        paths.append((key,))
+        paths.extend((key, inner) for inner in sub.get("properties", {}))
+    return paths
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    st.lists(st.tuples(st.sampled_from(_schema_paths()), JSON_VALUES), min_size=1, max_size=4),
+    st.sampled_from([1, 8]),
+)
+def test_no_value_of_any_key_makes_the_validator_raise(
+    assignments: list[tuple[tuple[str, ...], Any]], world_size: int
+) -> None:
+    """Problems in a config are findings, never exceptions (a list where DeepSpeed wants a scheduler
+    name once raised TypeError from a rule)."""
+    config: dict[str, Any] = dict(MB)
+    for path, value in assignments:
+        if len(path) == 1:
+            config[path[0]] = value
+        else:
+            parent = config.setdefault(path[0], {})
+            if isinstance(parent, dict):
+                parent[path[1]] = value
+    report = validate_config(config, world_size=world_size)
+    assert isinstance(report, Report)
+
+
+def test_a_non_string_scheduler_type_is_a_finding() -> None:
+    report = validate_config({"train_batch_size": 8, "scheduler": {"type": ["WarmupLR"]}})
+    assert not report.ok and "/scheduler/type" in {f.pointer for f in report.errors}
 
 
 # -- details of individual rules ---------------------------------------------------------------

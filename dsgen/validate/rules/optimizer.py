@@ -250,7 +250,8 @@ def scheduler_unknown(ctx: Context) -> None:
 )
 def scheduler_missing_param(ctx: Context) -> None:
     scheduler = section(ctx.config.get("scheduler"))
-    required = SCHEDULER_REQUIRED.get(scheduler.get("type"))  # type: ignore[arg-type]
+    kind = scheduler.get("type")
+    required = SCHEDULER_REQUIRED.get(kind) if isinstance(kind, str) else None  # a non-string is a schema error
     if not required:
         return
     params = scheduler.get("params")
