@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -155,7 +156,82 @@ CASES = [
         "--set 'training.sequence_length': expected KEY.PATH=VALUE",
         ["--set", "training.sequence_length"],
     ),
+    (
+        "list-too-short",
+        replace_line(GOOD, "lr: 2.0e-5}", "lr: 2.0e-5, betas: [0.9]}"),
+        "spec.yaml:12: training.optimizer.betas: must be a list of exactly 2 items, got 1",
+        [],
+    ),
+    (
+        "infinite-number",
+        replace_line(GOOD, "cpu_memory_gib: 1024", "cpu_memory_gib: .inf"),
+        "spec.yaml:7: hardware.cpu_memory_gib: must be a finite number, got inf",
+        [],
+    ),
+    (
+        "not-a-number",
+        replace_line(GOOD, "memory_headroom: 0.10", "memory_headroom: .nan"),
+        "spec.yaml:14: constraints.memory_headroom: must be a finite number, got nan",
+        [],
+    ),
+    (
+        "huge-integer",
+        replace_line(GOOD, "nodes: 1", "nodes: " + "9" * 400),
+        "spec.yaml:6: hardware.nodes: must be at most 2**53 in magnitude, got an integer of 1329 bits",
+        [],
+    ),
+    (
+        "empty-string",
+        GOOD + "output: {path: ''}\n",
+        "spec.yaml:15: output.path: must be a non-empty string, got ''",
+        [],
+    ),
+    (
+        "merge-key",
+        "d: &d {gpus_per_node: 8}\n" + replace_line(GOOD, "  gpu: h100-80gb\n", "  <<: *d\n  gpu: h100-80gb\n"),
+        "spec.yaml:5: hardware: YAML merge keys (<<) are not supported here",
+        [],
+    ),
+    (
+        "recursive-alias",
+        replace_line(GOOD, "constraints:\n  memory_headroom: 0.10\n", "constraints: &c {x: *c}\n"),
+        "spec.yaml:13: constraints.x: a YAML alias refers to a mapping or list that contains it",
+        [],
+    ),
+    (
+        "tagged-key",
+        replace_line(GOOD, "  nodes: 1\n", "  !!python/name:os.system nodes: 1\n"),
+        "spec.yaml:6: hardware: unsupported YAML key",
+        [],
+    ),
+    (
+        "set-replaces-a-mapping",
+        GOOD,
+        "--set: hardware.gpus_per_node: must be a positive integer, got -3",
+        ["--set", "hardware={gpu: h100-80gb, gpus_per_node: -3}"],
+    ),
+    (
+        "set-key-fails-the-solver",
+        GOOD,
+        "--set: training.global_batch_size: 12 sequences cannot be split evenly over 8 data-parallel GPUs",
+        ["--set", "training.global_batch_size=12"],
+    ),
+    (
+        "first-error-in-the-file-wins",
+        replace_line(replace_line(GOOD, "gpus_per_node: 8", "zpus_per_node: 8"), "nodes: 1", "apu: 1"),
+        "spec.yaml:5: hardware.zpus_per_node: unknown key",
+        [],
+    ),
 ]
+
+
+def test_whole_number_floats_are_integers(tmp_path: Path, capsys) -> None:
+    """JSON Schema counts 2.0 as an integer; the solver must then get the int 2, not crash on it."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(replace_line(GOOD, "nodes: 1", "nodes: 2.0"))
+    result = run_cli(["solve", str(spec), "--json"], capsys)
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["plan"]["data_parallel_size"] == 16
 
 
 @pytest.mark.parametrize(("text", "expected", "extra"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
@@ -194,3 +270,13 @@ def test_missing_spec_file(tmp_path: Path, capsys) -> None:
     result = run_cli(["solve", str(tmp_path / "absent.yaml")], capsys)
     assert result.exit_code == 2
     assert "spec file not found" in result.stderr
+
+
+def test_absurdly_nested_hf_config_is_a_clear_error(tmp_path: Path, capsys) -> None:
+    (tmp_path / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(replace_line(GOOD, "preset: llama-3.1-8b", f"hf_config: {tmp_path / 'config.json'}"))
+    result = run_cli(["solve", str(spec)], capsys)
+    assert result.exit_code == 2, result
+    assert "config.json: invalid JSON: nested too deeply" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -300,6 +300,8 @@ def shape_from_hf_config(path: Path, *, name: str | None = None) -> ModelShape:
         raise DsgenError(
             f"invalid JSON: {exc.msg} (column {exc.colno})", location=Location(str(file), exc.lineno)
         ) from exc
+    except RecursionError:
+        raise DsgenError("invalid JSON: nested too deeply to be a model config", location=location) from None
     if not isinstance(data, dict):
         raise DsgenError(f"expected a JSON object, got {type(data).__name__}", location=location)
 

@@ -7,6 +7,7 @@ the key path and the line it came from.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from dsgen.spec.types import (
     Spec,
     Training,
 )
-from dsgen.spec.yaml_source import SourceMap, load_yaml, read_source
+from dsgen.spec.yaml_source import SourceMap, format_path, load_yaml, read_source
 
 # Layout defaults per family for inline ``architecture`` blocks (what each family's HF code builds).
 _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -108,8 +109,43 @@ def spec_from_data(
             "the spec must be a YAML mapping with model, hardware and training", location=source.location(())
         )
     apply_overrides(data, overrides, source)
+    normalise_numbers(data, (), source)
     check_against_schema(data, schema_path("spec"), source)
     return _SpecBuilder(source, base_dir).build(data)
+
+
+#: The largest magnitude a JSON number carries exactly; nothing in a spec comes near it.
+LARGEST_NUMBER = 2**53
+
+
+def normalise_numbers(value: Any, path: tuple[str | int, ...], source: SourceMap) -> Any:
+    """Refuse infinities, NaN and absurd magnitudes, and store whole floats (``nodes: 2.0``) as ints.
+
+    YAML reads ``.inf`` and ``.nan`` as floats and JSON Schema calls ``2.0`` an integer; the
+    estimates then fail deep inside arithmetic (``range(2.0)``, ``int(nan)``), far from the key.
+    Changes ``value`` in place and returns it.
+    """
+    if isinstance(value, dict):
+        for key, item in value.items():
+            value[key] = normalise_numbers(item, (*path, key), source)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            value[index] = normalise_numbers(item, (*path, index), source)
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise DsgenError(
+                f"must be a finite number, got {value}", path=format_path(path), location=source.location(path)
+            )
+        if abs(value) > LARGEST_NUMBER:
+            shown = f"{value:.3g}" if isinstance(value, float) else f"an integer of {value.bit_length()} bits"
+            raise DsgenError(
+                f"must be at most 2**53 in magnitude, got {shown}",
+                path=format_path(path),
+                location=source.location(path),
+            )
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    return value
 
 
 class _SpecBuilder:
@@ -133,9 +169,21 @@ class _SpecBuilder:
         key_lines = tuple(
             (".".join(str(part) for part in path), line)
             for path, line in sorted(self.source.lines.items(), key=lambda item: item[1])
-            if tuple(path) not in self.source.overridden
+            if not self.source.is_overridden(tuple(path))
         )
-        return Spec(model, hardware, training, constraints, output, source=self.source.file, key_lines=key_lines)
+        key_overrides = tuple(
+            (".".join(str(part) for part in path), where) for path, where in self.source.overridden.items()
+        )
+        return Spec(
+            model,
+            hardware,
+            training,
+            constraints,
+            output,
+            source=self.source.file,
+            key_lines=key_lines,
+            key_overrides=key_overrides,
+        )
 
     # ---- model ---------------------------------------------------------------------------
     def model(self, block: dict[str, Any]) -> ModelShape:

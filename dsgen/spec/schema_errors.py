@@ -100,15 +100,14 @@ def _accepts_type(schema: dict[str, Any], value: Any, root: dict[str, Any]) -> b
     return actual in kinds or (actual == "integer" and "number" in kinds)
 
 
-def _explain(error: Any, root: dict[str, Any]) -> tuple[KeyPath, str, str | None]:
+def _explain(error: Any, root: dict[str, Any], source: SourceMap | None = None) -> tuple[KeyPath, str, str | None]:
     """(key path, message, hint) for one jsonschema ValidationError."""
     path: KeyPath = tuple(error.absolute_path)
     keyword = error.validator
     schema = error.schema
     if keyword == "additionalProperties":
         allowed = sorted(schema.get("properties", {}))
-        extras = [k for k in error.instance if k not in schema.get("properties", {})]
-        key = sorted(extras)[0]
+        key = _unknown_key(error, source)
         close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
         message = f"unknown key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
         return (*path, key), message, "valid keys here: " + ", ".join(allowed)
@@ -121,7 +120,7 @@ def _explain(error: Any, root: dict[str, Any]) -> tuple[KeyPath, str, str | None
         if len(matching) == 1:
             sub = [e for e in error.context if e.relative_schema_path[0] == matching[0]]
             if sub:
-                return _explain(_pick(sub, None), root)
+                return _explain(_pick(sub, source), root, source)
         return path, f"must be {describe(schema, root)}, got {show(error.instance)}", None
     if keyword == "enum":
         allowed = [str(v) for v in schema["enum"]]
@@ -129,8 +128,26 @@ def _explain(error: Any, root: dict[str, Any]) -> tuple[KeyPath, str, str | None
         message = f"must be {describe(schema, root)}, got {show(error.instance)}"
         return path, message + (f" (did you mean {close[0]!r}?)" if close else ""), None
     if keyword in ("minItems", "maxItems"):
-        return path, f"{error.message}", None
+        bound = schema[keyword]
+        fewest = keyword == "minItems"
+        exact = schema.get("minItems") == schema.get("maxItems")
+        count = "exactly" if exact else ("at least" if fewest else "at most")
+        items = "item" if bound == 1 else "items"
+        return path, f"must be a list of {count} {bound} {items}, got {len(error.instance)}", None
+    if keyword == "minLength":
+        return path, f"must be a non-empty string, got {show(error.instance)}", None
     return path, f"must be {describe(schema, root)}, got {show(error.instance)}", None
+
+
+def _unknown_key(error: Any, source: SourceMap | None) -> str:
+    """The unknown key an ``additionalProperties`` error reports: the first written in the file."""
+    path: KeyPath = tuple(error.absolute_path)
+    extras = [k for k in error.instance if k not in error.schema.get("properties", {})]
+
+    def line(key: str) -> int:
+        return (source.location((*path, key)).line or 0) if source is not None else 0
+
+    return min(extras, key=lambda key: (line(key), key))
 
 
 def _pick(errors: list[Any], source: SourceMap | None) -> Any:
@@ -138,10 +155,10 @@ def _pick(errors: list[Any], source: SourceMap | None) -> Any:
     one (it is usually its misspelling). Deterministic across runs."""
 
     def order(e: Any) -> tuple[int, str, bool]:
-        line = 0
-        if source is not None:
-            line = source.location(tuple(e.absolute_path)).line or 0
-        return (line, format_path(tuple(e.absolute_path)), e.validator != "additionalProperties")
+        path: KeyPath = tuple(e.absolute_path)
+        named = (*path, _unknown_key(e, source)) if e.validator == "additionalProperties" else path
+        line = (source.location(named).line or 0) if source is not None else 0
+        return (line, format_path(path), e.validator != "additionalProperties")
 
     return min(errors, key=order)
 
@@ -153,7 +170,7 @@ def check_against_schema(data: Any, schema_file: Path, source: SourceMap, *, wha
     if not errors:
         return
     error = _pick(errors, source)
-    path, message, hint = _explain(error, validator.schema)
+    path, message, hint = _explain(error, validator.schema, source)
     raise DsgenError(
         message if path else f"{what}: {message}",
         path=format_path(path) or None,

@@ -52,7 +52,8 @@ def _is_type(value: Any, kind: str) -> bool:
         return value is None
     if isinstance(value, bool) or not isinstance(value, int | float):
         return False
-    return kind == "number" or (kind == "integer" and float(value).is_integer())
+    # an int is never converted to float here: a 400-digit one would overflow
+    return kind == "number" or (kind == "integer" and (isinstance(value, int) or value.is_integer()))
 
 
 def _equal(a: Any, b: Any) -> bool:

@@ -118,11 +118,18 @@ class Spec:
     output: Output = Output()
     source: str | None = None  # the spec file, for messages
     key_lines: tuple[tuple[str, int], ...] = ()  # (dotted key path, line) for later error messages
+    key_overrides: tuple[tuple[str, Location], ...] = ()  # (dotted key path, where it was set instead)
 
     def location(self, path: str) -> Location:
-        """Where ``path`` (or its nearest ancestor) was written in the spec file."""
-        lines = dict(self.key_lines)
+        """Where ``path`` was written: on the command line or in a sweep if it or an ancestor was
+        set there, else in the spec file (its own line or its nearest ancestor's)."""
         parts = path.split(".")
+        overrides = dict(self.key_overrides)
+        for end in range(1, len(parts) + 1):
+            where = overrides.get(".".join(parts[:end]))
+            if where is not None:
+                return where
+        lines = dict(self.key_lines)
         for end in range(len(parts), 0, -1):
             line = lines.get(".".join(parts[:end]))
             if line is not None:

@@ -35,14 +35,20 @@ class SourceMap:
         return SourceMap(self.file, dict(self.lines), dict(self.overridden))
 
     def location(self, path: KeyPath) -> Location:
-        """The best location for ``path``: its own line, else its nearest ancestor's."""
+        """The best location for ``path``: where it was set from elsewhere if it or an ancestor was
+        (an override replaces everything below it, so the file's lines there are stale), else its
+        own line in the file, else its nearest ancestor's."""
+        for end in range(1, len(path) + 1):
+            if path[:end] in self.overridden:
+                return self.overridden[path[:end]]
         for end in range(len(path), -1, -1):
-            prefix = path[:end]
-            if prefix in self.overridden:
-                return self.overridden[prefix]
-            if prefix in self.lines:
-                return Location(self.file, self.lines[prefix])
+            if path[:end] in self.lines:
+                return Location(self.file, self.lines[path[:end]])
         return Location(self.file)
+
+    def is_overridden(self, path: KeyPath) -> bool:
+        """Whether ``path`` or one of its ancestors was set from outside the file."""
+        return any(path[:end] in self.overridden for end in range(1, len(path) + 1))
 
 
 def format_path(path: KeyPath) -> str:
@@ -79,15 +85,43 @@ def load_yaml(text: str, file: str | None) -> tuple[Any, SourceMap]:
         return None, source
     source.lines[()] = node.start_mark.line + 1
     constructor = yaml.SafeLoader("")  # only used to construct scalars safely
-    return _build(node, (), source, constructor), source
+    return _build(node, (), source, constructor, frozenset()), source
 
 
-def _build(node: yaml.Node, path: KeyPath, source: SourceMap, constructor: yaml.SafeLoader) -> Any:
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _build(
+    node: yaml.Node, path: KeyPath, source: SourceMap, constructor: yaml.SafeLoader, open_nodes: frozenset[int]
+) -> Any:
+    """Plain data for ``node``; ``open_nodes`` are the collections being built above it (an alias
+    back to one of them would make the data infinite)."""
+    if isinstance(node, yaml.MappingNode | yaml.SequenceNode):
+        if id(node) in open_nodes:
+            raise DsgenError(
+                "a YAML alias refers to a mapping or list that contains it (the data would be infinite)",
+                path=format_path(path) or None,
+                location=Location(source.file, node.start_mark.line + 1),
+            )
+        open_nodes = open_nodes | {id(node)}
     if isinstance(node, yaml.MappingNode):
         result: dict[str, Any] = {}
         for key_node, value_node in node.value:
-            key = constructor.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
+            if key_node.tag == MERGE_TAG:
+                raise DsgenError(
+                    "YAML merge keys (<<) are not supported here; write the keys out",
+                    path=format_path(path) or None,
+                    location=Location(source.file, line),
+                )
+            try:
+                key = constructor.construct_object(key_node, deep=True)
+            except yaml.constructor.ConstructorError as exc:
+                raise DsgenError(
+                    f"unsupported YAML key: {exc.problem}",
+                    path=format_path(path) or None,
+                    location=Location(source.file, line),
+                ) from None
             if not isinstance(key, str):
                 raise DsgenError(
                     f"keys must be strings, got {key!r}",
@@ -103,17 +137,23 @@ def _build(node: yaml.Node, path: KeyPath, source: SourceMap, constructor: yaml.
                     location=Location(source.file, line),
                 )
             source.lines[child] = line
-            result[key] = _build(value_node, child, source, constructor)
+            result[key] = _build(value_node, child, source, constructor, open_nodes)
         return result
     if isinstance(node, yaml.SequenceNode):
         items = []
         for index, item in enumerate(node.value):
             child = (*path, index)
             source.lines[child] = item.start_mark.line + 1
-            items.append(_build(item, child, source, constructor))
+            items.append(_build(item, child, source, constructor, open_nodes))
         return items
     try:
         return constructor.construct_object(node, deep=True)
+    except ValueError as exc:  # e.g. an integer too long to convert (Python's 4,300-digit limit)
+        raise DsgenError(
+            f"unsupported YAML value: {exc}",
+            path=format_path(path) or None,
+            location=Location(source.file, node.start_mark.line + 1),
+        ) from None
     except yaml.constructor.ConstructorError as exc:
         raise DsgenError(
             f"unsupported YAML value: {exc.problem}",
