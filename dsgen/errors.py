@@ -2,7 +2,9 @@
 
 Every failure a user can cause (a bad spec, a missing file, an impossible batch) is raised as
 :class:`DsgenError`. It carries what a person needs to fix the input: the key path, the file and
-line it came from, and a hint. The CLI maps it to exit code 2; nothing else in dsgen prints
+line it came from, and a hint. The CLI prints it as one ``error: ...`` line on stderr and exits
+with the error's own ``exit_code``: 2 (bad input, the default) for most, 3 for
+:class:`InfeasibleError`, 1 when a rendered config fails validation. Nothing in dsgen prints
 tracebacks for user mistakes.
 """
 

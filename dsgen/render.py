@@ -36,19 +36,21 @@ def _bytecode_cache() -> Any:
 
     Compiling the templates is a large share of a cold ``dsgen new``; Jinja2 re-checks each
     template's source checksum, so a stale cache is never used. Where no cache directory is
-    writable (read-only home, sandbox), templates are simply compiled every time.
+    writable (read-only home, sandbox), templates are simply compiled every time. That includes
+    having no home at all: with HOME unset and a uid that has no passwd entry (containers run as
+    an arbitrary uid), ``Path.home()`` raises RuntimeError, which must not stop a render.
     """
     import os
     from pathlib import Path
 
     from jinja2 import FileSystemBytecodeCache
 
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dsgen" / "jinja2"
     try:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dsgen" / "jinja2"
         base.mkdir(parents=True, exist_ok=True)
         probe = base / ".writable"
         probe.touch()
-    except OSError:
+    except (OSError, RuntimeError):
         return None
     return FileSystemBytecodeCache(str(base))
 

@@ -13,7 +13,30 @@ PHASE_LABELS = {"forward_backward": "forward/backward", "optimizer_step": "the o
 GPU_TERMS = ("parameters", "gradients", "optimizer_states", "activations", "buffers", "transient", "overhead")
 
 
+def offload_optimizer_ratio(plan: Plan) -> float:
+    """Share of the optimizer step run on the offload device: 1.0 full, 0.0 with no offload.
+
+    Plans that differ only in this share (ZeRO-3 partial CPU offload) have different memory and
+    step times, so the output must say which one it is.
+    """
+    return float(plan.offload_ratio) if plan.offload_optimizer != "none" else 0.0
+
+
+def zeropp_dict(plan: Plan) -> dict[str, Any]:
+    """The ZeRO++ settings of ``plan`` (hpZ partition size 1 means hpZ is off)."""
+    k = plan.knobs
+    return {
+        "hpz_partition_size": k.hpz_partition_size,
+        "quantized_weights": k.quantized_weights,
+        "quantized_gradients": k.quantized_gradients,
+    }
+
+
 def plan_dict(plan: Plan) -> dict[str, Any]:
+    """The ``plan`` object of the output contract: every choice that tells two plans apart.
+
+    New keys go at the end; existing keys never change (other tools parse them).
+    """
     return {
         "precision": plan.precision,
         "zero_stage": plan.zero_stage,
@@ -25,6 +48,8 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
         "gradient_accumulation_steps": plan.gradient_accumulation_steps,
         "data_parallel_size": plan.data_parallel_size,
         "global_batch_size": plan.global_batch_size,
+        "offload_optimizer_ratio": offload_optimizer_ratio(plan),
+        "zeropp": zeropp_dict(plan),
     }
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from dsgen.errors import DsgenError, ExitCode, InfeasibleError
 from dsgen.render import Rendered, render
+from dsgen.report import offload_optimizer_ratio
 from dsgen.resources import schema_path
 from dsgen.solver import Evaluation, require_feasible, solve
 from dsgen.spec.loader import spec_from_data
@@ -245,7 +246,10 @@ def run_sweep(
 
 
 def manifest_row(sweep: Sweep, outcome: Outcome, written: list[str]) -> dict[str, Any]:
-    """One manifest row: name, varied values, plan, predictions, status, files."""
+    """One manifest row: name, varied values, plan, predictions, status, files.
+
+    ``zeropp`` is the short label ('none', 'hpz', 'hpz+qwz+qgz'); hpZ partitions within a node.
+    """
     e = outcome.evaluation
     plan = e.plan if e else None
     return {
@@ -267,5 +271,9 @@ def manifest_row(sweep: Sweep, outcome: Outcome, written: list[str]) -> dict[str
         "host_memory_bytes": e.memory.cpu.total if e else None,
         "step_time_s": round(e.step.total_s, 6) if e else None,
         "tokens_per_s": round(e.tokens_per_s, 3) if e else None,
+        # after the original plan and prediction columns, so positional CSV readers keep working;
+        # flat values, so the CSV stays one value per cell
+        "offload_optimizer_ratio": offload_optimizer_ratio(plan) if plan else None,
+        "zeropp": plan.knobs.zeropp if plan else None,
         "files": written,
     }

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from enum import Enum
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from dsgen.catalog.gpu import GpuSpec
 
 
 class PresetKind(str, Enum):
@@ -36,7 +39,7 @@ def presets(
         typer.echo(f"{'name':<16} {'memory':>9} {'bf16':>5} {'bf16 TFLOPS':>12}  description")
         for name, g in gpus.items():
             typer.echo(
-                f"{name:<16} {g.memory_gib:>6.1f} GiB {'yes' if g.bf16 else 'no':>5} {g.peak_tflops_bf16 or g.peak_tflops_fp16:>12.0f}  {g.description}"
+                f"{name:<16} {g.memory_gib:>6.1f} GiB {'yes' if g.bf16 else 'no':>5} {_bf16_peak(g):>12}  {g.description}"
             )
         return
     models = model_presets()
@@ -53,6 +56,14 @@ def presets(
             f"{name:<16} {m.family:<9} {m.parameter_count() / 1e9:>8.2f}B {m.num_layers:>6} {m.hidden_size:>6} "
             f"{m.num_attention_heads:>5} {m.num_key_value_heads:>3} {m.vocab_size:>7}"
         )
+
+
+def _bf16_peak(gpu: GpuSpec) -> str:
+    """The bf16 TFLOPS cell: '-' for a GPU without bf16, never another precision's peak.
+
+    Printing the fp16 figure there made a V100 look like a 125-TFLOPS bf16 part.
+    """
+    return f"{gpu.peak_tflops_bf16:.0f}" if gpu.bf16 and gpu.peak_tflops_bf16 else "-"
 
 
 # The commands this module provides, by the name users type (dsgen.cli registers them lazily).

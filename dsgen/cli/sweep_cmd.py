@@ -9,6 +9,8 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -41,7 +43,8 @@ def sweep(
     if not dry_run and output is None:
         raise DsgenError("missing --output DIR (or use --dry-run)")
     if output is not None and not dry_run:
-        _check_output(output, force)
+        with _writing(output):
+            _check_output(output, force, sweep_file)
     plan = load_sweep(sweep_file)
     progress = _Progress(len(plan.runs))
     if dry_run:
@@ -55,31 +58,73 @@ def sweep(
         _finish(rows, None, fail_on_infeasible)
         return
     assert output is not None
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-    mask = os.umask(0)
-    os.umask(mask)
-    staging.chmod(0o777 & ~mask)  # mkdtemp creates 0700; the published directory gets the usual mode
+    with _writing(output):
+        staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
+        with _writing(output):
+            mask = os.umask(0)
+            os.umask(mask)
+            staging.chmod(0o777 & ~mask)  # mkdtemp creates 0700; the published directory gets the usual mode
         rows = []
         for outcome in run_sweep(plan, progress):
             written = []
             if outcome.rendered is not None:
-                run_dir = staging / outcome.run.name
-                run_dir.mkdir()
-                (run_dir / "ds_config.json").write_text(outcome.rendered.text, encoding="utf-8")
+                with _writing(output):
+                    run_dir = staging / outcome.run.name
+                    run_dir.mkdir()
+                    (run_dir / "ds_config.json").write_text(outcome.rendered.text, encoding="utf-8")
                 written.append(f"{outcome.run.name}/ds_config.json")
             rows.append(manifest_row(plan, outcome, written))
         progress.close()
-        (staging / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-        (staging / "manifest.csv").write_text(_csv(rows, plan.varied_keys), encoding="utf-8")
-        _publish(staging, output)
+        with _writing(output):
+            (staging / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+            (staging / "manifest.csv").write_text(_csv(rows, plan.varied_keys), encoding="utf-8")
+            _publish(staging, output)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     _finish(rows, output, fail_on_infeasible)
 
 
-def _check_output(output: Path, force: bool) -> None:
+@contextmanager
+def _writing(output: Path) -> Iterator[None]:
+    """Turn an OS failure while writing the sweep into one error naming the output directory.
+
+    Only file-system steps run under it, so an unrelated OSError (say, from starting worker
+    processes) is not misreported as a write failure.
+    """
+    from dsgen.output import cannot_write
+
+    try:
+        yield
+    except OSError as exc:
+        raise cannot_write(output, exc) from None
+
+
+def _contains_cwd(output: Path) -> bool:
+    """Whether ``output`` is the current directory or one of its ancestors.
+
+    Such a directory cannot be renamed out of the way (EBUSY for "."), and where the rename does
+    work, ``--force`` would delete the directory the user is standing in. Both the lexical and
+    the symlink-resolved forms are compared, so "..", "./" and a symlinked cwd are all caught.
+    """
+    cwd_forms = {Path(os.getcwd()), Path.cwd().resolve()}
+    output_forms = {Path(os.path.abspath(output)), output.resolve()}
+    return any(o == c or o in c.parents for o in output_forms for c in cwd_forms)
+
+
+def _check_output(output: Path, force: bool, sweep_file: Path) -> None:
+    """Refuse an output directory that --force would wrongly destroy, before any work is done."""
+    if _contains_cwd(output):
+        raise DsgenError(
+            f"{output} is the current directory or contains it; it cannot be the sweep output directory",
+            hint="name a new directory, e.g. -o runs/",
+        )
+    if output.resolve() in sweep_file.resolve().parents:
+        raise DsgenError(
+            f"{output} contains the sweep file {sweep_file}; replacing it would delete the sweep",
+            hint="write the runs to a directory of their own, e.g. -o runs/",
+        )
     if output.exists() and not force:
         raise DsgenError(f"{output} already exists", hint="pass --force to replace it")
     if output.exists() and not output.is_dir():
@@ -89,12 +134,19 @@ def _check_output(output: Path, force: bool) -> None:
 
 
 def _publish(staging: Path, output: Path) -> None:
-    """Move the finished staging directory into place; an old one is removed only afterwards."""
+    """Move the finished staging directory into place; an old one is removed only afterwards.
+
+    If the final rename fails, the old directory is put back, so a failed sweep changes nothing.
+    """
     if output.exists():
         retired = Path(tempfile.mkdtemp(prefix=f".{output.name}.old.", dir=output.parent))
         retired.rmdir()
         output.rename(retired)
-        staging.rename(output)
+        try:
+            staging.rename(output)
+        except OSError:
+            retired.rename(output)
+            raise
         shutil.rmtree(retired, ignore_errors=True)
     else:
         staging.rename(output)

@@ -1,8 +1,16 @@
 """``dsgen validate`` (lint DeepSpeed JSON configs) and ``dsgen schema`` (print a shipped schema).
 
 Exit codes: 0 no errors (warnings allowed), 1 errors found, 2 bad input or usage (unreadable file,
-invalid JSON, bad option value). Every failure is a message on stderr, never a traceback. Heavy
-imports happen inside the commands so registering them costs nothing at CLI start-up.
+invalid JSON, bad option value). Never a traceback. Where the messages go:
+
+* usage errors (an unknown --format or --target, a bad --world-size, no files) stop the command
+  before any file is read: one ``error: ...`` line on stderr;
+* a file that cannot be read or parsed is part of the report, on stdout, in the chosen format (a
+  line in the human report, ``load_error`` in JSON, an ``::error`` annotation for GitHub). With
+  many files, one bad file must not hide the others' results, and ``--json`` readers must find
+  every file's status in the one document they parse. The exit code is still 2.
+
+Heavy imports happen inside the commands so registering them costs nothing at CLI start-up.
 """
 
 from __future__ import annotations
