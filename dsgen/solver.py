@@ -265,6 +265,24 @@ def _batch_splits(spec: Spec, dp: int, global_batch: int) -> list[tuple[int, int
             continue
         splits.append((micro, accum))
     if not splits:
+        if c.micro_batch_size is not None and c.gradient_accumulation_steps is not None:
+            # Both pinned: neither alone is at fault, their product is. Point at the one that
+            # cannot be part of any split (micro-batch first), else at micro_batch_size.
+            micro, accum = c.micro_batch_size, c.gradient_accumulation_steps
+            pinned = "gradient_accumulation_steps" if per_rank % micro == 0 and per_rank % accum else "micro_batch_size"
+            pairs = [f"{micro} x {per_rank // micro}"] if per_rank % micro == 0 else []
+            if per_rank % accum == 0:
+                pairs.append(f"{per_rank // accum} x {accum}")
+            valid = f"valid pairs that keep one pin: {' or '.join(pairs)}; otherwise " if pairs else ""
+            raise DsgenError(
+                f"micro_batch_size x gradient_accumulation_steps = {micro} x {accum} = {micro * accum}, "
+                f"but it must equal the {per_rank} sequences each of the {dp} GPUs gets per step "
+                f"(global batch {global_batch})",
+                path=f"constraints.{pinned}",
+                location=spec.location(f"constraints.{pinned}"),
+                hint=f"{valid}pin two divisors of {per_rank} ({', '.join(map(str, _divisors(per_rank)))}) "
+                f"whose product is {per_rank}, or unpin one of them",
+            )
         pinned = "micro_batch_size" if c.micro_batch_size is not None else "gradient_accumulation_steps"
         value = c.micro_batch_size if c.micro_batch_size is not None else c.gradient_accumulation_steps
         raise DsgenError(

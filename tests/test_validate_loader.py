@@ -66,6 +66,24 @@ def test_duplicates_are_reported_with_both_positions() -> None:
     ]
 
 
+def test_every_repeat_of_a_key_points_back_at_its_first_definition() -> None:
+    # "a" on lines 2, 3 and 4: both repeats were first defined on line 2, not the previous line.
+    # A second object at the same pointer (/o, repeated) counts its own first occurrence (line 6),
+    # not the first object's (line 5).
+    text = '{\n"a": 1,\n"a": 2,\n"a": 3,\n"o": {"x": 1, "x": 2},\n"o": {"x": 3,\n "x": 4,\n "x": 5}}'
+    loaded = loads(text)
+    assert loaded.data == {"a": 3, "o": {"x": 5}}
+    assert [(d.pointer, d.line, d.first_line, d.first_column) for d in loaded.duplicates] == [
+        ("/a", 3, 2, 1),
+        ("/a", 4, 2, 1),
+        ("/o/x", 5, 5, 7),  # '"o": {"x"': the first "x" starts in column 7
+        ("/o", 6, 5, 1),
+        ("/o/x", 7, 6, 7),
+        ("/o/x", 8, 6, 7),
+    ]
+    assert loaded.positions["/a"] == (4, 1)  # positions keep the occurrence whose value wins
+
+
 @pytest.mark.parametrize(
     ("text", "line", "column", "fragment"),
     [

@@ -138,12 +138,15 @@ def partial_offload_on_gpu(shape: ModelShape, plan: Plan, optimizer: str) -> int
 
     ZeRO-3's partial offload (``offload_optimizer.ratio`` < 1) keeps the remaining sub-groups'
     fp32 master weights, optimizer states and fp32 gradients on the GPU and steps them there.
+    The fp32 master slice is counted in fp32 training too: ZeRO-3 clones one whatever the
+    training dtype (``stage3.py``; the no-offload path and
+    :func:`~dsgen.estimate.model_states.offloaded_optimizer_bytes` count it the same way).
     """
     if plan.offload_optimizer != "cpu" or plan.offload_ratio >= 1:
         return 0
-    master = FP32 if plan.mixed_precision else 0
     partition = -(-shape.parameter_count() // plan.data_parallel_size)
-    per_partition = (master + FP32) * partition + flat_state_bytes(optimizer, (partition,))
+    # fp32 master + fp32 gradient per element, plus the optimizer's own state
+    per_partition = (FP32 + FP32) * partition + flat_state_bytes(optimizer, (partition,))
     return int((1 - plan.offload_ratio) * per_partition)
 
 
@@ -188,13 +191,18 @@ def host_bytes(shape: ModelShape, plan: Plan, hardware: Hardware, optimizer: str
 
 
 def nvme_bytes(shape: ModelShape, plan: Plan, hardware: Hardware, optimizer: str) -> int:
+    """NVMe bytes per node: what ZeRO-Infinity swaps out for each of the node's ranks.
+
+    Optimizer offload swaps the fp32 master slice (which ZeRO-3 keeps in fp32 training too, as
+    :mod:`dsgen.estimate.model_states` counts it) and the optimizer states; parameter offload the
+    16-bit parameter partition.
+    """
     p = shape.parameter_count()
     per_rank_partition = -(-p // plan.data_parallel_size)
     ranks = hardware.gpus_per_node
     total = 0
     if plan.offload_optimizer == "nvme":
-        master = FP32 if plan.mixed_precision else 0
-        total += ranks * (master * per_rank_partition + flat_state_bytes(optimizer, (per_rank_partition,)))
+        total += ranks * (FP32 * per_rank_partition + flat_state_bytes(optimizer, (per_rank_partition,)))
     if plan.offload_param == "nvme":
         total += ranks * plan.dtype_bytes * per_rank_partition
     return total

@@ -17,7 +17,7 @@ from dsgen.spec.types import Hardware, Training
 DEFAULT_MFU_MIXED = 0.40  # achievable model FLOPs utilisation for 16-bit training with DeepSpeed
 DEFAULT_MFU_FP32 = 0.50  # fp32 peaks are low, so a larger share of them is reached
 COLLECTIVE_EFFICIENCY = 0.70  # achieved bus bandwidth / link bandwidth for ring collectives
-OVERLAP_SHARE = 0.80  # share of backward compute that overlap_comm can hide communication behind
+OVERLAP_SHARE = 0.80  # share of the compute that can hide communication (stage 2: backward; stage 3: all)
 PCIE_EFFICIENCY = 0.80
 MICRO_BATCH_TOKENS_HALF_EFFICIENCY = 256  # tokens per micro-batch at which kernels run at half MFU
 ZERO3_COMPUTE_OVERHEAD = 1.10  # ZeRO-3 module hooks, partition bookkeeping and gather traffic contending with compute
@@ -60,9 +60,12 @@ def _collective_bandwidth(hardware: Hardware) -> float:
     return link * 1e9 * COLLECTIVE_EFFICIENCY
 
 
-def _zero3_micro_step_comm_s(shape: ModelShape, plan: Plan, hardware: Hardware) -> float:
-    """Seconds of ZeRO-3 communication per micro-step: parameter all-gathers in forward and
-    backward and the gradient reduce-scatter, with ZeRO++ where enabled.
+def _zero3_micro_step_comm_s(shape: ModelShape, plan: Plan, hardware: Hardware) -> tuple[float, float]:
+    """(parameter all-gathers, gradient reduce-scatter): seconds of ZeRO-3 communication per
+    micro-step, the gathers of forward and backward together, with ZeRO++ where enabled.
+
+    The two are returned apart because DeepSpeed overlaps them under different conditions
+    (see :func:`estimate_step_time`).
 
     qwZ sends int8 weights (half of 16-bit), hpZ serves the backward gather from a copy partitioned
     within the node (intra-node link), qgZ reduces gradients in int4 after an intra-node pass
@@ -86,7 +89,7 @@ def _zero3_micro_step_comm_s(shape: ModelShape, plan: Plan, hardware: Hardware) 
         reduce = w * p * (g - 1) / g / local + 0.25 * w * p * ring / wide
     else:
         reduce = w * p * ring / wide
-    return forward + backward + reduce
+    return forward + backward, reduce
 
 
 def estimate_step_time(shape: ModelShape, plan: Plan, hardware: Hardware, training: Training) -> StepTime:
@@ -122,9 +125,15 @@ def estimate_step_time(shape: ModelShape, plan: Plan, hardware: Hardware, traini
         overlappable = accum * w * p * ring / bandwidth  # reduce-scatter every micro-step
         blocking = w * p * ring / bandwidth  # all-gather of updated parameters after the step
     else:
-        overlappable = accum * _zero3_micro_step_comm_s(shape, plan, hardware)
-        blocking = 0.0
-        # gathers hide behind compute only as far as the prefetch bucket reaches ahead
+        gathers, reduce = _zero3_micro_step_comm_s(shape, plan, hardware)
+        # DeepSpeed 0.19.8 prefetches parameter all-gathers on the coordinator's own all-gather
+        # stream in forward and backward whatever overlap_comm says; the gradient reduce-scatter
+        # leaves the compute stream only with overlap_comm (stage3.py: reduce_and_partition_stream
+        # is the default stream without it), so without it the reduce-scatter blocks.
+        overlappable = accum * (gathers + reduce) if k.overlap_comm else accum * gathers
+        blocking = 0.0 if k.overlap_comm else accum * reduce
+        # what overlaps hides behind forward and backward compute alike, but only as far as the
+        # prefetch bucket reaches ahead (one pooled budget: a first-order simplification)
         hidden = OVERLAP_SHARE * compute * min(1.0, k.prefetch_bucket_size / max(shape.layer_parameters(), 1))
     exposed = max(0.0, overlappable - hidden) + blocking
     if n > 1:

@@ -157,6 +157,10 @@ class _Parser:
 
     def obj(self, pointer: str) -> dict[str, Any]:
         result: dict[str, Any] = {}
+        # Where each duplicated key of *this* object first appeared. ``offsets`` moves on to the
+        # latest occurrence (the value that wins), so from the third occurrence on it no longer
+        # holds the first; kept per object, as a later object can reuse the same pointer.
+        firsts: dict[str, int] = {}
         tokens, offsets = self.tokens, self.offsets
         while True:
             token = tokens[self.i]
@@ -168,7 +172,7 @@ class _Parser:
             key = self._string(token)
             child = f"{pointer}/{escape_pointer_token(key)}" if ("/" in key or "~" in key) else f"{pointer}/{key}"
             if key in result:
-                self.duplicates.append((child, token[2], offsets[child]))
+                self.duplicates.append((child, token[2], firsts.setdefault(key, offsets[child])))
             offsets[child] = token[2]
             colon = tokens[self.i + 1]
             if colon[1] != ":" or colon[0] != "punct":

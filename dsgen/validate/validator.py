@@ -31,10 +31,12 @@ def validate_config(
 ) -> Report:
     """Validate an already-parsed DeepSpeed config.
 
-    ``world_size`` is the number of ranks the batch keys are checked against (data-parallel size
-    times any sequence-parallel size, as DeepSpeed counts it); ``None`` accepts any size that
-    makes the batch keys consistent. ``target`` names the launcher that fills ``"auto"`` values
-    (``deepspeed``, ``hf-trainer`` or ``accelerate``). ``strict`` turns warnings into errors.
+    ``world_size`` is the data-parallel size the batch keys are checked against, the ``W`` of
+    ``train_batch_size = micro batch x accumulation x W``: the number DeepSpeedConfig itself
+    uses, i.e. world size / ``sequence_parallel_size`` with Ulysses, the mpu's data-parallel size
+    with Megatron TP/PP, and the full world size with AutoTP (docs/validation.md); ``None``
+    accepts any size that makes the batch keys consistent. ``target`` names the launcher that
+    fills ``"auto"`` values (``deepspeed``, ``hf-trainer`` or ``accelerate``). ``strict`` turns warnings into errors.
     ``positions`` maps JSON pointers to (line, column), as produced by :func:`validate_file`.
     Bad settings raise :class:`DsgenError`; problems in the config never raise.
     """
