@@ -426,6 +426,24 @@ def _search(spec: Spec, global_batch: int, accounting: str) -> tuple[list[Evalua
     variants_by_stage = {stage: knob_variants(spec.model, stage) for stage in range(4)}
     kept: list[Evaluation] = []
     evaluated = 0
+
+    def price(st: _Structure, knobs: ZeroKnobs, micro: int, accum: int) -> Evaluation:
+        nonlocal evaluated
+        evaluated += 1
+        plan = Plan(
+            precision=precision,
+            zero_stage=st.stage,
+            offload_optimizer=st.offload_optimizer,
+            offload_param=st.offload_param,
+            checkpointing=st.checkpointing,
+            micro_batch_size=micro,
+            gradient_accumulation_steps=accum,
+            data_parallel_size=dp,
+            knobs=knobs,
+            offload_ratio=st.offload_ratio,
+        )
+        return evaluate(spec, plan, accounting)
+
     for st in _structures(spec):
         variants = [_with_zeropp(k, st.zeropp, spec.hardware.gpus_per_node) for k in variants_by_stage[st.stage]]
         if st.offload_ratio < 1:
@@ -437,25 +455,17 @@ def _search(spec: Spec, global_batch: int, accounting: str) -> tuple[list[Evalua
         for micro, accum in splits:
             if overflowed and accum > 1:
                 continue
-            chosen: Evaluation | None = None
+            if overflowed:
+                # the single-step split after an overflow (see 2.) seldom fits: try the leanest
+                # knobs first, and look for faster ones only when they fit
+                chosen = price(st, variants[-1], micro, accum)
+                if not chosen.fits_gpu:
+                    kept.append(chosen)
+                    continue
             for knobs in variants:
-                plan = Plan(
-                    precision=precision,
-                    zero_stage=st.stage,
-                    offload_optimizer=st.offload_optimizer,
-                    offload_param=st.offload_param,
-                    checkpointing=st.checkpointing,
-                    micro_batch_size=micro,
-                    gradient_accumulation_steps=accum,
-                    data_parallel_size=dp,
-                    knobs=knobs,
-                    offload_ratio=st.offload_ratio,
-                )
-                chosen = evaluate(spec, plan, accounting)
-                evaluated += 1
+                chosen = price(st, knobs, micro, accum)
                 if chosen.fits_gpu:
                     break
-            assert chosen is not None
             kept.append(chosen)
             overflowed = overflowed or not chosen.fits_gpu
     return kept, evaluated
