@@ -139,7 +139,7 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {
     ),
     "nvme-without-path": (
         c(z(3, offload_param={"device": "nvme"})),
-        c(z(3, offload_param={"device": "nvme", "nvme_path": "/local_nvme"})),
+        c(z(2, offload_optimizer={"device": "nvme"}), {"optimizer": ADAMW}),  # ZeRO-2 runs it as CPU offload
         {},
     ),
     "nvme-offload-below-stage3": (
@@ -237,8 +237,8 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {
     ),
     "autoep-conflict": (
         c({"expert_parallel": {"enabled": True}, "tensor_parallel": {"autotp_size": 2}}),
-        c({"expert_parallel": {"enabled": True}}),
-        {},
+        c({"expert_parallel": {"enabled": True, "autoep_size": 2}, "tensor_parallel": {"autotp_size": 2}}),
+        {"world_size": 4},
     ),
     "data-efficiency-incomplete": (
         c({"data_efficiency": {"data_sampling": {"curriculum_learning": {"enabled": True}}}}),
@@ -479,6 +479,141 @@ def test_offload_client_optimizer_is_a_warning_for_plain_deepspeed() -> None:
         f for f in validate_config(c(z(2, **OFFLOAD_CPU))).findings if f.rule_id == "offload-client-optimizer"
     ]
     assert finding.severity == "warning"
+
+
+def test_nvme_without_path_only_at_stage_3() -> None:
+    # DeepSpeed 0.19.8 accepts and trains this: ZeRO-1/2 run any offload device as CPU offload.
+    config = {
+        "train_batch_size": 4,
+        "train_micro_batch_size_per_gpu": 4,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}},
+    }
+    found = ids(validate_config(config))
+    assert "nvme-without-path" not in found and "nvme-offload-below-stage3" in found
+    assert "nvme-without-path" not in ids(validate_config(c(z(1, offload_param={"device": "nvme"}))))
+    stage3 = c(z(3, offload_optimizer={"device": "nvme"}), {"optimizer": ADAMW})
+    assert "nvme-without-path" in ids(validate_config(stage3))
+
+
+def test_offload_client_optimizer_fires_at_stage_0() -> None:
+    # engine.zero_use_cpu_optimizer() only reads the device, so ZeRO-0 rejects a client optimizer too.
+    report = validate_config(c(z(0, **OFFLOAD_CPU)), target="hf-trainer")
+    (finding,) = [f for f in report.findings if f.rule_id == "offload-client-optimizer"]
+    assert finding.severity == "error"
+    assert "offload-client-optimizer" not in ids(validate_config(c(z(0, **OFFLOAD_CPU), {"optimizer": ADAMW})))
+
+
+def test_offload_optimizer_without_zero_is_not_described_as_ignored() -> None:
+    text = RULES["offload-optimizer-without-zero"].deepspeed
+    assert "silently ignored" not in text.lower() and "ZeRORuntimeException" in text and "CPUAdam" in text
+    (finding,) = [
+        f
+        for f in validate_config(c(z(0, **OFFLOAD_CPU), {"optimizer": ADAMW})).findings
+        if f.rule_id == "offload-optimizer-without-zero"
+    ]
+    assert "no effect" not in finding.message
+
+
+def test_zenflow_auto_counts_as_unset() -> None:
+    # DeepSpeed's pydantic model drops "auto": zenflow is None and DeepSpeedConfig accepts this.
+    config = {
+        "train_batch_size": 8,
+        "train_micro_batch_size_per_gpu": 8,
+        "gradient_allreduce_op": "sum",
+        "zero_optimization": {"stage": 2, "zenflow": "auto"},
+    }
+    for target in ("deepspeed", "hf-trainer"):
+        assert "allreduce-sum-conflict" not in ids(validate_config(config, target=target))
+    zenflow = {**config, "zero_optimization": {"stage": 2, "zenflow": {"topk_ratio": 0.05}}}
+    assert "allreduce-sum-conflict" in ids(validate_config(zenflow))
+    grad_norm = c(z(2, compute_grad_norm=False, zenflow="auto"), {"gradient_clipping": 0.0})
+    assert "compute-grad-norm" not in ids(validate_config(grad_norm))
+
+
+AUTOEP_TP = {"expert_parallel": {"enabled": True, "autoep_size": 2}, "tensor_parallel": {"autotp_size": 2}}
+
+
+@pytest.mark.parametrize(
+    ("extra", "pointer"),
+    [
+        ({"expert_parallel": {"autoep_size": 1}}, "/expert_parallel/autoep_size"),
+        ({"compile": {"deepcompile": True}}, "/compile/deepcompile"),
+        ({"pipeline": {"activation_checkpoint_interval": 1}}, "/pipeline"),
+        ({"use_data_before_expert_parallelism": True}, "/use_data_before_expert_parallelism"),
+        (z(1, offload_optimizer={"device": "none"}), "/zero_optimization/offload_optimizer"),
+        (z(3, offload_param={"device": "cpu"}), "/zero_optimization/offload_param"),
+        (z(2, cpu_offload=True), "/zero_optimization/cpu_offload"),
+        ({"expert_parallel": {"async_split_plan": True}}, "/expert_parallel/async_split_plan"),
+        ({"expert_parallel": {"combine_impl": "fused_weighted_sum"}}, "/expert_parallel/combine_impl"),
+    ],
+)
+def test_autoep_autotp_folding_conflicts(extra: dict[str, Any], pointer: str) -> None:
+    report = validate_config(c(AUTOEP_TP, extra), world_size=4)
+    assert pointer in {f.pointer for f in report.findings if f.rule_id == "autoep-conflict"}, report.findings
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        c(AUTOEP_TP),
+        c(AUTOEP_TP, z(2), {"bf16": {"enabled": True}}),
+        c(AUTOEP_TP, z(2, offload_optimizer=None)),  # null is no offload block
+        # without AutoTP the folding checks do not apply
+        c({"expert_parallel": {"enabled": True, "async_split_plan": True}}, z(2, **OFFLOAD_CPU), {"optimizer": ADAMW}),
+    ],
+)
+def test_autoep_with_autotp_is_supported(config: dict[str, Any]) -> None:
+    # 0.19.8 folds AutoTP into AutoEP; only autoep_size 1 and the combinations above are rejected.
+    assert "autoep-conflict" not in ids(validate_config(config, world_size=4))
+
+
+@pytest.mark.parametrize(
+    ("config", "rule_id"),
+    [
+        # pydantic lax mode: "true" is True, "0" is 0 (DeepSpeedConfig rejects all four)
+        (c({"fp16": {"enabled": "true"}, "bf16": {"enabled": True}}), "fp16-bf16-both"),
+        (c({"fp16": {"enabled": 1}, "bf16": {"enabled": "yes"}}), "fp16-bf16-both"),
+        (c({"fp16": {"enabled": True, "min_loss_scale": "0"}}), "fp16-dynamic-loss-scale"),
+        (c({"fp16": {"enabled": True, "loss_scale": "0", "loss_scale_window": "0"}}), "fp16-dynamic-loss-scale"),
+        (c({"gradient_allreduce_op": "sum", "compile": {"deepcompile": "true"}}), "allreduce-sum-conflict"),
+        # get_scalar_param + truthiness: 1 enables curriculum learning
+        (
+            c({"data_efficiency": {"data_sampling": {"curriculum_learning": {"enabled": 1}}}}),
+            "data-efficiency-incomplete",
+        ),
+    ],
+)
+def test_values_deepspeed_converts_count(config: dict[str, Any], rule_id: str) -> None:
+    assert rule_id in ids(validate_config(config)), validate_config(config).findings
+
+
+@pytest.mark.parametrize(
+    ("config", "rule_id"),
+    [
+        (c({"fp16": {"enabled": "no"}, "bf16": {"enabled": True}}), "fp16-bf16-both"),
+        (c({"fp16": {"enabled": "false"}, "bf16": {"enabled": "1"}}), "fp16-bf16-both"),
+        (c({"fp16": {"enabled": True, "min_loss_scale": "2"}}), "fp16-dynamic-loss-scale"),
+        (c({"fp16": {"enabled": True, "loss_scale": "128", "loss_scale_window": "0"}}), "fp16-dynamic-loss-scale"),
+        (c({"gradient_allreduce_op": "sum", "compile": {"deepcompile": "off"}}), "allreduce-sum-conflict"),
+        (
+            c({"data_efficiency": {"data_sampling": {"curriculum_learning": {"enabled": 0}}}}),
+            "data-efficiency-incomplete",
+        ),
+    ],
+)
+def test_values_deepspeed_converts_to_off(config: dict[str, Any], rule_id: str) -> None:
+    assert rule_id not in ids(validate_config(config))
+
+
+def test_bf16_null_falls_back_to_bfloat16() -> None:
+    # precision_config.py: param_dict.get("bf16") is None -> the bfloat16 block is read.
+    config = c({"bf16": None, "bfloat16": {"enabled": True}, "fp16": {"enabled": True}})
+    report = validate_config(config)
+    (finding,) = [f for f in report.findings if f.rule_id == "fp16-bf16-both"]
+    assert finding.pointer == "/bfloat16/enabled"
+    (renamed,) = [f for f in report.findings if f.rule_id == "renamed-key"]
+    assert "ignores bfloat16 entirely" not in renamed.message
 
 
 def test_renamed_key_bfloat16_shadowed_by_bf16() -> None:

@@ -47,8 +47,45 @@ def whole(value: Any) -> int | None:
     return int(value)
 
 
+# The strings pydantic's lax mode turns into a bool (matched case-insensitively, not stripped).
+_TRUE_STRINGS = frozenset({"1", "on", "t", "true", "y", "yes"})
+_FALSE_STRINGS = frozenset({"0", "off", "f", "false", "n", "no"})
+
+
 def flag(value: Any) -> bool | None:
-    return value if isinstance(value, bool) else None
+    """A pydantic ``bool`` field as DeepSpeed's model holds it (lax mode), else None.
+
+    Lax mode also takes 0/1 (int or float) and "true"/"false", "yes"/"no", "on"/"off", "1"/"0", ...;
+    anything else is rejected by the schema check, so it is unknown here.
+    """
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        lower = value.lower()
+        if lower in _TRUE_STRINGS:
+            return True
+        if lower in _FALSE_STRINGS:
+            return False
+    return None
+
+
+def truthy(value: Any) -> bool:
+    """How DeepSpeed tests a value read with get_scalar_param / dict.get: plain truthiness
+    (so 1, "0" and even "false" are on; a missing key is None, i.e. off)."""
+    return bool(value)
+
+
+def lax_number(value: Any) -> float | int | None:
+    """A pydantic ``int``/``float`` field as DeepSpeed's model holds it: JSON numbers and numeric
+    strings ("0", " 2 ", "1e-3"); bools (which DeepSpeed's fp16 validators refuse) give None."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return number(value)
 
 
 def section(value: Any) -> dict[str, Any]:
@@ -176,8 +213,8 @@ class Context:
 
     @cached_property
     def bf16_key(self) -> str:
-        """DeepSpeed reads ``bfloat16`` only when ``bf16`` is absent."""
-        return "bf16" if "bf16" in self.config or "bfloat16" not in self.config else "bfloat16"
+        """DeepSpeed reads ``bfloat16`` only when ``bf16`` is absent or null (``get("bf16") is None``)."""
+        return "bf16" if self.config.get("bf16") is not None or "bfloat16" not in self.config else "bfloat16"
 
     @cached_property
     def bf16(self) -> dict[str, Any]:
@@ -200,6 +237,11 @@ class Context:
         if self.fp16_enabled:
             return "fp16"
         return "bf16" if self.bf16_enabled else "fp32"
+
+    @cached_property
+    def deepcompile(self) -> bool:
+        """compile.deepcompile as DeepSpeed's pydantic model reads it ("true" and 1 count)."""
+        return flag(section(self.config.get("compile")).get("deepcompile")) is True
 
     # -- optimizer -----------------------------------------------------------------------------
     @cached_property

@@ -141,7 +141,7 @@ def _removed() -> tuple[tuple[str, dict[str, Any]], ...]:
     "lint",
     "Deprecated spelling of a key that has a replacement "
     "(cpu_offload -> offload_optimizer, bfloat16 -> bf16, boolean zero_optimization, ...).",
-    "Still mapped with a deprecation warning (or, for bfloat16, ignored when bf16 is present).",
+    "Still mapped with a deprecation warning (or, for bfloat16, ignored when bf16 is present and not null).",
 )
 def renamed_key(ctx: Context) -> None:
     if isinstance(ctx.config.get("zero_optimization"), bool):
@@ -162,7 +162,7 @@ def renamed_key(ctx: Context) -> None:
             f"{name} is a deprecated spelling; the current key is {target} (DeepSpeed 0.14 to "
             f"{ctx.profile.release} still map the old key, with a deprecation warning)"
         )
-        if pointer == "/bfloat16" and "bf16" in ctx.config:
+        if pointer == "/bfloat16" and ctx.bf16_key == "bf16":  # bf16 present and not null
             message += " (and DeepSpeed ignores bfloat16 entirely because bf16 is also present)"
         elif pointer == "/zero_optimization/cpu_offload_use_pin_memory":
             message += " (DeepSpeed discards the value)"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dsgen.validate.rules.context import Context, section, whole
+from dsgen.validate.rules.context import Context, section, truthy, whole
 from dsgen.validate.rules.registry import rule
 
 
@@ -18,7 +18,8 @@ def data_efficiency_incomplete(ctx: Context) -> None:
     sampling = section(section(ctx.config.get("data_efficiency")).get("data_sampling"))
     curriculum = section(sampling.get("curriculum_learning"))
     base = "/data_efficiency/data_sampling"
-    if curriculum.get("enabled") is True and "curriculum_metrics" not in curriculum:
+    # get_scalar_param + truthiness: 1 and "0" enable it as much as true does
+    if truthy(curriculum.get("enabled")) and "curriculum_metrics" not in curriculum:
         ctx.emit(
             "data-efficiency-incomplete",
             f"{base}/curriculum_learning",

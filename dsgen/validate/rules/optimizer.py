@@ -157,13 +157,13 @@ def max_grad_norm(ctx: Context) -> None:
     "error",
     "engine",
     "Optimizer offload with no optimizer in the config (so the "
-    "training code's optimizer is used) and zero_force_ds_cpu_optimizer not false.",
+    "training code's optimizer is used) and zero_force_ds_cpu_optimizer not false, at any ZeRO stage (0 too).",
     "deepspeed.initialize raises ZeRORuntimeException 'You are using ZeRO-Offload with a client provided "
     "optimizer ...' unless the client optimizer is DeepSpeedCPUAdam/DeepSpeedCPULion.",
 )
 def offload_client_optimizer(ctx: Context) -> None:
-    if ctx.has_config_optimizer or not ctx.stage:
-        return
+    if ctx.has_config_optimizer:
+        return  # at any ZeRO stage, stage 0 included: engine.zero_use_cpu_optimizer() only reads the device
     device = ctx.offload_device("offload_optimizer")
     if device not in ("cpu", "nvme") or ctx.config.get("zero_force_ds_cpu_optimizer") is False:
         return

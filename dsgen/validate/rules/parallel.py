@@ -81,7 +81,7 @@ def managed_ga_conflict(ctx: Context) -> None:
             "managed_gradient_accumulation=False is not supported with pipeline parallelism",
             "remove managed_gradient_accumulation",
         )
-    if section(ctx.config.get("compile")).get("deepcompile") is True:
+    if ctx.deepcompile:
         ctx.emit(
             "managed-ga-conflict",
             pointer,
@@ -123,13 +123,84 @@ def tp_size_mismatch(ctx: Context) -> None:
         )
 
 
+def _autoep_folding_conflicts(ctx: Context, ep: dict, autotp: int) -> list[tuple[str, str, str]]:
+    """What validate_autoep_config / validate_folding_global reject once AutoTP folds into AutoEP."""
+    problems: list[tuple[str, str, str]] = []
+    ep_size = whole(ep.get("autoep_size", 1))
+    if ep_size == 1:
+        problems.append(
+            (
+                "/expert_parallel/autoep_size" if "autoep_size" in ep else "/expert_parallel",
+                "AutoEP+AutoTP folding requires expert_parallel.autoep_size > 1 "
+                f"(tensor_parallel.autotp_size is {autotp})",
+                "set expert_parallel.autoep_size > 1, or tensor_parallel.autotp_size to 1",
+            )
+        )
+    if ctx.deepcompile:
+        problems.append(
+            (
+                "/compile/deepcompile",
+                "DeepCompile with AutoEP+AutoTP folding is not supported",
+                "disable compile.deepcompile or use tensor_parallel.autotp_size 1",
+            )
+        )
+    if _pipeline(ctx):
+        problems.append(
+            (
+                "/pipeline",
+                "AutoEP+AutoTP folding currently supports pp_size=1 only (this config has a pipeline section)",
+                "remove pipeline parallelism or use tensor_parallel.autotp_size 1",
+            )
+        )
+    if ctx.config.get("use_data_before_expert_parallelism") is True:
+        problems.append(
+            (
+                "/use_data_before_expert_parallelism",
+                "use_data_before_expert_parallelism is not supported with AutoEP+AutoTP folding",
+                "remove use_data_before_expert_parallelism",
+            )
+        )
+    for which, legacy in (("offload_optimizer", "cpu_offload"), ("offload_param", "cpu_offload_param")):
+        # DeepSpeed tests zero_config.<which> is not None: any block counts, even device "none".
+        block = ctx.pydantic_value(ctx.zero.get(which), None, f"/zero_optimization/{which}")
+        if block is not None or ctx.zero.get(legacy) is True:
+            problems.append(
+                (
+                    ctx.pointer("zero_optimization", which if which in ctx.zero else legacy),
+                    "ZeRO optimizer/parameter offload with AutoEP+AutoTP folding is not validated yet",
+                    f"remove zero_optimization.{which}",
+                )
+            )
+    if ep.get("async_split_plan") is True and ep_size is not None and ep_size > 1:
+        problems.append(
+            (
+                "/expert_parallel/async_split_plan",
+                "expert_parallel.async_split_plan does not support AutoEP+AutoTP folding yet",
+                "set tensor_parallel.autotp_size to 1 or disable async_split_plan",
+            )
+        )
+    if ep.get("combine_impl") == "fused_weighted_sum":
+        problems.append(
+            (
+                "/expert_parallel/combine_impl",
+                'combine_impl="fused_weighted_sum" does not support folded tensor parallelism '
+                f"(tensor_parallel.autotp_size={autotp})",
+                "leave combine_impl unset, or set tensor_parallel.autotp_size to 1",
+            )
+        )
+    return problems
+
+
 @rule(
     "autoep-conflict",
     "error",
     "engine",
-    "AutoEP combined with AutoTP, or with ZeRO-3 plus quantized gradients "
-    "or hpZ, or an autoep_size that does not divide --world-size.",
-    "validate_autoep_config / _validate_zero3_moe_compatibility raise at engine start.",
+    "AutoEP with AutoTP (autotp_size > 1) and autoep_size 1, DeepCompile, a pipeline, offload, "
+    "use_data_before_expert_parallelism, async_split_plan or fused_weighted_sum; AutoEP with ZeRO-3 plus "
+    "quantized gradients or hpZ; or an autoep_size that does not divide --world-size.",
+    "validate_autoep_config / validate_folding_global / _validate_zero3_moe_compatibility raise at engine start. "
+    "AutoEP+AutoTP folding itself is supported (autoep_size > 1); Ulysses sequence parallelism with it is "
+    "rejected too, but that size is not in the config.",
     since="0.19",
 )
 def autoep_conflict(ctx: Context) -> None:
@@ -139,12 +210,8 @@ def autoep_conflict(ctx: Context) -> None:
     pointer = "/expert_parallel/enabled"
     autotp = whole(ctx.get("tensor_parallel", "autotp_size"))
     if autotp is not None and autotp > 1:
-        ctx.emit(
-            "autoep-conflict",
-            pointer,
-            f"AutoEP cannot be combined with AutoTP (tensor_parallel.autotp_size {autotp})",
-            "use one of expert_parallel or tensor_parallel",
-        )
+        for where, message, hint in _autoep_folding_conflicts(ctx, ep, autotp):
+            ctx.emit("autoep-conflict", where, message, hint)
     if ctx.stage == 3:
         if ctx.zero.get("zero_quantized_gradients") is True:
             ctx.emit(

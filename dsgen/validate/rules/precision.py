@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dsgen.validate.rules.context import Context, flag, number, section
+from dsgen.validate.rules.context import Context, lax_number, section, truthy
 from dsgen.validate.rules.registry import rule
 
 # DeepSpeed's DtypeEnum spellings -> canonical name.
@@ -50,11 +50,11 @@ def fp16_bf16_both(ctx: Context) -> None:
 )
 def fp16_dynamic_loss_scale(ctx: Context) -> None:
     fp16 = ctx.fp16
-    if ctx.fp16_enabled is not True or number(fp16.get("loss_scale", 0)) != 0:
+    if ctx.fp16_enabled is not True or lax_number(fp16.get("loss_scale", 0)) != 0:
         return
     phase = "config" if ctx.applies("0.19") else "engine"
     for key in ("loss_scale_window", "min_loss_scale"):
-        value = number(fp16.get(key))
+        value = lax_number(fp16.get(key))  # pydantic turns "0" into 0
         if value is not None and value <= 0:
             ctx.emit(
                 "fp16-dynamic-loss-scale",
@@ -208,7 +208,7 @@ def grad_accum_dtype(ctx: Context) -> None:
 )
 def autocast_quantized_weights(ctx: Context) -> None:
     autocast = section(ctx.config.get("torch_autocast"))
-    if flag(autocast.get("enabled")) and ctx.zero.get("zero_quantized_weights") is True:
+    if truthy(autocast.get("enabled")) and ctx.zero.get("zero_quantized_weights") is True:
         ctx.emit(
             "autocast-quantized-weights",
             "/torch_autocast/enabled",
@@ -227,7 +227,7 @@ def autocast_quantized_weights(ctx: Context) -> None:
 )
 def autocast_dtype_missing(ctx: Context) -> None:
     autocast = section(ctx.config.get("torch_autocast"))
-    if flag(autocast.get("enabled")) and "dtype" not in autocast:
+    if truthy(autocast.get("enabled")) and "dtype" not in autocast:
         ctx.emit(
             "autocast-dtype-missing",
             "/torch_autocast",

@@ -7,7 +7,12 @@ from dsgen.validate.rules.registry import rule
 
 
 def _deepcompile(ctx: Context) -> bool:
-    return section(ctx.config.get("compile")).get("deepcompile") is True
+    return ctx.deepcompile
+
+
+def _zenflow_set(ctx: Context) -> bool:
+    """DeepSpeed's zero_config.zenflow is not None (pydantic drops "auto", leaving None)."""
+    return ctx.pydantic_value(ctx.zero.get("zenflow"), None, "/zero_optimization/zenflow") is not None
 
 
 @rule(
@@ -37,7 +42,10 @@ def offload_param_below_stage3(ctx: Context) -> None:
     "warning",
     "lint",
     "zero_optimization.offload_optimizer with ZeRO disabled (stage 0).",
-    "Silently ignored: without ZeRO there is no partitioned optimizer to offload.",
+    "Nothing is offloaded, but the device is not ignored: engine.zero_use_cpu_optimizer() still builds the "
+    "CPU optimizer (DeepSpeedCPUAdam/CPUAdagrad/CPULion) for a config Adam/Adagrad/Lion while the parameters "
+    "stay on the accelerator, so its step asserts 'CPUAdam param is on cuda:0 and must be 'cpu''; a client "
+    "optimizer raises ZeRORuntimeException (see offload-client-optimizer).",
 )
 def offload_optimizer_without_zero(ctx: Context) -> None:
     device = ctx.offload_device("offload_optimizer")
@@ -47,7 +55,8 @@ def offload_optimizer_without_zero(ctx: Context) -> None:
     ctx.emit(
         "offload-optimizer-without-zero",
         ctx.pointer("zero_optimization", key),
-        f"optimizer offload to {device} has no effect with ZeRO disabled (stage 0)",
+        f"optimizer offload to {device} does not work with ZeRO disabled (stage 0): nothing is offloaded, but "
+        "DeepSpeed still picks its CPU optimizer, which needs the parameters on the CPU",
         "use ZeRO stage 1-3, or remove offload_optimizer",
     )
 
@@ -56,16 +65,19 @@ def offload_optimizer_without_zero(ctx: Context) -> None:
     "nvme-without-path",
     "error",
     "engine",
-    "Offload device nvme without nvme_path.",
+    "Offload device nvme without nvme_path, with ZeRO stage 3.",
     "Accepted by DeepSpeedConfig; ZeRO-3 then fails in os.path.join(None, ...) (TypeError) and zero.Init "
-    "raises 'nvme_path in DeepSpeed Config cannot be None'.",
+    "raises 'nvme_path in DeepSpeed Config cannot be None'. ZeRO-1/2 never read nvme_path (they run any "
+    "offload device as CPU offload, see nvme-offload-below-stage3).",
 )
 def nvme_without_path(ctx: Context) -> None:
+    if ctx.stage != 3:
+        return  # only ZeRO-3 swaps to NVMe; below it the device means CPU offload or nothing
     for which in ("offload_param", "offload_optimizer"):
-        block = ctx.zero.get(which)
-        if not isinstance(block, dict) or block.get("device") != "nvme":
+        if ctx.offload_device(which) != "nvme":
             continue
-        path = block.get("nvme_path")
+        block = section(ctx.zero.get(which))
+        path = ctx.pydantic_value(block.get("nvme_path"), None, f"/zero_optimization/{which}/nvme_path")
         if not (isinstance(path, str) and path.strip()):
             ctx.emit(
                 "nvme-without-path",
@@ -170,7 +182,7 @@ def compute_grad_norm(ctx: Context) -> None:
     problems = []
     if number(clipping) is not None and clipping != 0:
         problems.append(("requires gradient_clipping=0", "set gradient_clipping to 0"))
-    if "zenflow" in ctx.zero and ctx.zero["zenflow"] is not None:
+    if _zenflow_set(ctx):
         problems.append(("does not support ZenFlow", "remove zenflow"))
     if ctx.offload_device("offload_optimizer") in ("cpu", "nvme"):
         problems.append(("does not support optimizer offload", "remove offload_optimizer"))
@@ -339,7 +351,7 @@ def allreduce_sum_conflict(ctx: Context) -> None:
         return
     if ctx.stage == 3:
         reason = "ZeRO stage 3"
-    elif ctx.zero.get("zenflow") is not None:
+    elif _zenflow_set(ctx):
         reason = "ZenFlow"
     elif _deepcompile(ctx):
         reason = "DeepCompile"
