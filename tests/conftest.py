@@ -34,13 +34,20 @@ def require_module(name: str) -> ModuleType:
         raise
 
 
+CORPUS_MIN_CONFIGS = 300  # the shared corpus holds 345 real configs
+
+
 @pytest.fixture(scope="session")
 def corpus_dir() -> Path:
     """The real-world DeepSpeed config corpus, from $DSGEN_CORPUS."""
     value = os.environ.get("DSGEN_CORPUS")
     if not value or not Path(value).is_dir():
         _missing("DSGEN_CORPUS is not set to the corpus directory (e.g. ../shared/corpus)")
-    return Path(value)  # type: ignore[arg-type]
+    corpus = Path(value)  # type: ignore[arg-type]
+    found = sum(1 for _ in corpus.glob("*.json"))
+    if found < CORPUS_MIN_CONFIGS:  # a test looping over an empty corpus would pass vacuously
+        _missing(f"DSGEN_CORPUS={value} holds {found} configs; the corpus has {CORPUS_MIN_CONFIGS} or more")
+    return corpus
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -1,0 +1,46 @@
+"""An inline ``model.architecture`` block with a published model's config.json numbers must count
+that model's published parameters: the per-family layout defaults (biases, norms per layer,
+tying, learned positions) are what the block leaves out, so this checks them."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsgen.catalog.presets import model_presets, published_parameter_counts
+from dsgen.spec.loader import load_spec_text
+from tests.conftest import EXAMPLES_DIR
+
+# one preset per family the architecture block accepts (mixtral has no preset)
+PRESETS = {
+    "llama": "llama-3.1-8b",
+    "mistral": "mistral-7b",
+    "qwen2": "qwen2.5-7b",
+    "gemma2": "gemma-2-9b",
+    "phi3": "phi-3-mini",
+    "gpt2": "gpt2-xl",
+    "bert": "bert-large",
+}
+NUMBERS = (
+    "num_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "max_position_embeddings",
+)
+
+
+@pytest.mark.parametrize("family", sorted(PRESETS))
+def test_config_json_numbers_give_the_published_parameter_count(family: str) -> None:
+    preset = PRESETS[family]
+    shape = model_presets()[preset]
+    numbers = ", ".join(f"{key}: {getattr(shape, key)}" for key in NUMBERS)
+    text = (
+        f"model: {{architecture: {{family: {family}, {numbers}}}}}\n"
+        "hardware: {gpu: h100-80gb, gpus_per_node: 8}\n"
+        "training: {sequence_length: 512, global_batch_size: 64}\n"
+    )
+    inline = load_spec_text(text, file="spec.yaml", base_dir=EXAMPLES_DIR).model
+    assert inline.parameter_count() == published_parameter_counts()[preset]
