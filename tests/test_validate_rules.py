@@ -412,6 +412,10 @@ def test_batch_with_auto_keys_checks_only_the_fixed_factors() -> None:
         "zero_optimization": {"stage": 2},
     }
     assert validate_config(fine, target="hf-trainer", world_size=8).ok
+    # the fixed factors include the world size: 12 = 3 x GA x 2 has GA = 2, while 3 x 8 > 12
+    twelve = {"train_batch_size": 12, "train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": "auto"}
+    assert "batch-mismatch" not in ids(validate_config(twelve, target="hf-trainer", world_size=2))
+    assert "batch-mismatch" in ids(validate_config(twelve, target="hf-trainer", world_size=8))
 
 
 def test_auto_is_allowed_where_deepspeed_itself_accepts_the_literal() -> None:
