@@ -228,6 +228,22 @@ def test_odd_model_zero3_per_tensor_padding_persistence_and_sub_groups() -> None
     assert model_state_bytes(ODD, plan, "adamw") == (2 * (30 + 45), 2 * 30 + 4 * 11, 12 * 30)
 
 
+def test_odd_model_zero3_sub_group_closes_when_the_sum_reaches_sub_group_size() -> None:
+    # DeepSpeed closes a sub-group as soon as its running sum is >= sub_group_size. Per-rank
+    # partitions on 5 ranks, in order: 5, 2, 2, 2, 2, 3, 3, 3, 1, 1, 1, 5 (total 30).
+    # sub_group_size 7: 5+2 = 7 closes at exactly 7; 2+2+2+3 = 9; 3+3+1 = 7 (exact again);
+    # 1+1+5 = 7 (exact) -> (7, 9, 7, 7), largest 9.
+    # (Closing only when the sum is > 7 would give 5+2+2 = 9, 2+2+3+3 = 10, 3+1+1+1+5 = 11.)
+    layout = zero3_layout(ODD, 5, 9, 7)
+    assert layout.sub_groups == (7, 9, 7, 7)
+    assert layout.largest_sub_group == 9
+    assert layout.partition == sum(layout.sub_groups) == 30
+    # the fp32 gradient of the largest sub-group sits beside the bf16 partition buffer at the step:
+    # 2 * 30 + 4 * 9 = 96
+    plan = _plan(3, dp=5, knobs=ZeroKnobs(param_persistence_threshold=9, sub_group_size=7))
+    assert model_state_bytes(ODD, plan, "adamw")[1] == 2 * 30 + 4 * 9 == 96
+
+
 def test_every_preset_layout_adds_up() -> None:
     for name, shape in model_presets().items():
         tensors = parameter_tensors(shape)
