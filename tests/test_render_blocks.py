@@ -108,3 +108,32 @@ def test_total_steps_shorter_than_warmup_still_gives_deepspeed_a_valid_schedule(
     params = _config("{type: adamw}", f"{{type: {name}, warmup_steps: 400, total_steps: 100}}")["scheduler"]["params"]
     assert params["warmup_num_steps"] == 400
     assert params["total_num_steps"] >= 400
+
+
+def test_documented_defaults_reach_the_config() -> None:
+    """README's spec reference: gradient_clipping 1.0 and warmup_decay over 100 of 10,000 steps
+    when the spec says nothing."""
+    spec = load_spec_text(
+        "model: {preset: llama-3.2-1b}\n"
+        "hardware: {gpu: h100-80gb, gpus_per_node: 8}\n"
+        "training: {sequence_length: 2048, global_batch_size: 64}\n",
+        file="spec.yaml",
+        base_dir=EXAMPLES_DIR,
+    )
+    config = render_plan(spec, require_feasible(solve_spec(spec)).plan).config
+    assert config["gradient_clipping"] == 1.0
+    scheduler = config["scheduler"]
+    assert scheduler["type"] == "WarmupDecayLR"
+    assert (scheduler["params"]["warmup_num_steps"], scheduler["params"]["total_num_steps"]) == (100, 10_000)
+
+
+def test_host_ram_usable_is_ninety_percent_of_the_node() -> None:
+    """docs/memory-model.md: a plan fits when host memory is at most 90 % of cpu_memory_gib."""
+    spec = load_spec_text(
+        "model: {preset: llama-3.2-1b}\n"
+        "hardware: {gpu: h100-80gb, gpus_per_node: 8, cpu_memory_gib: 100}\n"
+        "training: {sequence_length: 2048, global_batch_size: 64}\n",
+        file="spec.yaml",
+        base_dir=EXAMPLES_DIR,
+    )
+    assert require_feasible(solve_spec(spec)).usable_cpu_bytes == 90 * 2**30
