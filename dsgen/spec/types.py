@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from dsgen.catalog.gpu import GpuSpec
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.errors import Location
+from dsgen.spec.yaml_source import locate
 
 GIB = 1 << 30
 
@@ -123,15 +124,6 @@ class Spec:
     def location(self, path: str) -> Location:
         """Where ``path`` was written: on the command line or in a sweep if it or an ancestor was
         set there, else in the spec file (its own line or its nearest ancestor's)."""
-        parts = path.split(".")
-        overrides = dict(self.key_overrides)
-        for end in range(1, len(parts) + 1):
-            where = overrides.get(".".join(parts[:end]))
-            if where is not None:
-                return where
-        lines = dict(self.key_lines)
-        for end in range(len(parts), 0, -1):
-            line = lines.get(".".join(parts[:end]))
-            if line is not None:
-                return Location(self.source, line)
-        return Location(self.source)
+        lines = {tuple(key.split(".")): line for key, line in self.key_lines}
+        overrides = {tuple(key.split(".")): where for key, where in self.key_overrides}
+        return locate(path.split("."), lines, overrides, self.source)

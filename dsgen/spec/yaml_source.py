@@ -7,6 +7,7 @@ the last one, and (c) only safe scalar types are constructed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,20 +36,38 @@ class SourceMap:
         return SourceMap(self.file, dict(self.lines), dict(self.overridden))
 
     def location(self, path: KeyPath) -> Location:
-        """The best location for ``path``: where it was set from elsewhere if it or an ancestor was
-        (an override replaces everything below it, so the file's lines there are stale), else its
-        own line in the file, else its nearest ancestor's."""
-        for end in range(1, len(path) + 1):
-            if path[:end] in self.overridden:
-                return self.overridden[path[:end]]
-        for end in range(len(path), -1, -1):
-            if path[:end] in self.lines:
-                return Location(self.file, self.lines[path[:end]])
-        return Location(self.file)
+        """Where ``path`` was written (see :func:`locate`)."""
+        return locate(path, self.lines, self.overridden, self.file)
 
     def is_overridden(self, path: KeyPath) -> bool:
         """Whether ``path`` or one of its ancestors was set from outside the file."""
-        return any(path[:end] in self.overridden for end in range(1, len(path) + 1))
+        return _override_of(path, self.overridden) is not None
+
+
+def _override_of(path: Sequence[Any], overridden: Mapping[Any, Location]) -> Location | None:
+    """Where the outermost overridden ancestor of ``path`` (or ``path`` itself) was set, if any."""
+    for end in range(1, len(path) + 1):
+        where = overridden.get(tuple(path[:end]))
+        if where is not None:
+            return where
+    return None
+
+
+def locate(
+    path: Sequence[Any], lines: Mapping[Any, int], overridden: Mapping[Any, Location], file: str | None
+) -> Location:
+    """The best location for ``path`` (keys of ``lines``/``overridden`` are tuples of its parts):
+    where it was set from elsewhere if it or an ancestor was (an override replaces everything
+    below it, so the file's lines there are stale), else its own line in ``file``, else its
+    nearest ancestor's."""
+    where = _override_of(path, overridden)
+    if where is not None:
+        return where
+    for end in range(len(path), -1, -1):
+        line = lines.get(tuple(path[:end]))
+        if line is not None:
+            return Location(file, line)
+    return Location(file)
 
 
 def format_path(path: KeyPath) -> str:
