@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 
-from dsgen.catalog.model_shape import ModelShape
 from dsgen.catalog.presets import get_model
 from dsgen.estimate.memory import (
     ALLOCATOR_SLACK,
@@ -27,6 +26,7 @@ from dsgen.plan import Plan, ZeroKnobs
 from dsgen.spec.loader import load_spec_text
 from dsgen.spec.types import Spec
 from tests.conftest import EXAMPLES_DIR
+from tests.test_model_states import ODD  # one llama layer: h = 3, one head of 3, f = 5, V = 7, untied; 132 parameters
 
 # ---- shared inputs ---------------------------------------------------------------------------
 # Llama-3.1-8B (models.yaml): L = 32, h = 4096, 32 heads of 128 (q = 4096), 8 kv heads
@@ -39,20 +39,6 @@ EMBED = V * H  # 525_336_576: the embedding (and the untied lm_head), the larges
 LAYER = 2 * H * Q + 2 * H * KV + 3 * H * F + 2 * H  # 218_112_000 parameters per layer
 S = 1024  # sequence length of the spec below
 W = 2  # bf16
-
-# A tiny llama (the odd model of tests/test_model_states.py): h = 3, one head of 3, f = 5, V = 7,
-# untied; tensors 21, 9 x4, 15 x3, 3 x3, 21 = 132 parameters.
-ODD = ModelShape(
-    name="odd",
-    family="llama",
-    num_layers=1,
-    hidden_size=3,
-    num_attention_heads=1,
-    num_key_value_heads=1,
-    head_dim=3,
-    intermediate_size=5,
-    vocab_size=7,
-)
 
 
 def _spec(model: str = "llama-3.1-8b") -> Spec:

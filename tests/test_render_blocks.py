@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from dsgen.api import render_plan, solve_spec
-from dsgen.solver import require_feasible
+from dsgen.solver import Evaluation, require_feasible
 from dsgen.spec.loader import load_spec_text
+from dsgen.spec.types import Spec
 from tests.conftest import EXAMPLES_DIR
 
 BASE = """\
@@ -29,10 +30,18 @@ training:
 LR, WD, B1, B2, EPS, MOMENTUM = 3.0e-4, 0.05, 0.8, 0.95, 1.0e-6, 0.7
 
 
-def _config(optimizer: str, scheduler: str = "{type: none}") -> dict[str, Any]:
-    text = BASE.replace("{OPTIMIZER}", optimizer).replace("{SCHEDULER}", scheduler)
+def _best(text: str) -> tuple[Spec, Evaluation]:
     spec = load_spec_text(text, file="spec.yaml", base_dir=EXAMPLES_DIR)
-    return render_plan(spec, require_feasible(solve_spec(spec)).plan).config
+    return spec, require_feasible(solve_spec(spec))
+
+
+def _rendered(text: str) -> dict[str, Any]:
+    spec, best = _best(text)
+    return render_plan(spec, best.plan).config
+
+
+def _config(optimizer: str, scheduler: str = "{type: none}") -> dict[str, Any]:
+    return _rendered(BASE.replace("{OPTIMIZER}", optimizer).replace("{SCHEDULER}", scheduler))
 
 
 # written out: PyYAML reads 1e-06 (no dot) as a string, YAML 1.1 style
@@ -113,14 +122,11 @@ def test_total_steps_shorter_than_warmup_still_gives_deepspeed_a_valid_schedule(
 def test_documented_defaults_reach_the_config() -> None:
     """README's spec reference: gradient_clipping 1.0 and warmup_decay over 100 of 10,000 steps
     when the spec says nothing."""
-    spec = load_spec_text(
+    config = _rendered(
         "model: {preset: llama-3.2-1b}\n"
         "hardware: {gpu: h100-80gb, gpus_per_node: 8}\n"
-        "training: {sequence_length: 2048, global_batch_size: 64}\n",
-        file="spec.yaml",
-        base_dir=EXAMPLES_DIR,
+        "training: {sequence_length: 2048, global_batch_size: 64}\n"
     )
-    config = render_plan(spec, require_feasible(solve_spec(spec)).plan).config
     assert config["gradient_clipping"] == 1.0
     scheduler = config["scheduler"]
     assert scheduler["type"] == "WarmupDecayLR"
@@ -129,11 +135,9 @@ def test_documented_defaults_reach_the_config() -> None:
 
 def test_host_ram_usable_is_ninety_percent_of_the_node() -> None:
     """docs/memory-model.md: a plan fits when host memory is at most 90 % of cpu_memory_gib."""
-    spec = load_spec_text(
+    _, best = _best(
         "model: {preset: llama-3.2-1b}\n"
         "hardware: {gpu: h100-80gb, gpus_per_node: 8, cpu_memory_gib: 100}\n"
-        "training: {sequence_length: 2048, global_batch_size: 64}\n",
-        file="spec.yaml",
-        base_dir=EXAMPLES_DIR,
+        "training: {sequence_length: 2048, global_batch_size: 64}\n"
     )
-    assert require_feasible(solve_spec(spec)).usable_cpu_bytes == 90 * 2**30
+    assert best.usable_cpu_bytes == 90 * 2**30
