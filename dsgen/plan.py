@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dsgen.records import record
 
 
-@dataclass(frozen=True)
+@record
 class ZeroKnobs:
     """DeepSpeed zero_optimization settings that trade memory for speed (sizes in elements)."""
 
@@ -37,7 +37,7 @@ class ZeroKnobs:
         return "+".join(parts) or "none"
 
 
-@dataclass(frozen=True)
+@record
 class Plan:
     """One point of the search space: every choice that changes memory or speed, and nothing else."""
 

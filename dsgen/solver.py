@@ -8,7 +8,7 @@ fixed order and ties break toward the simpler plan.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.errors import DsgenError, InfeasibleError
@@ -16,6 +16,7 @@ from dsgen.estimate.memory import HOST_RESERVE, MemoryEstimate, estimate_memory
 from dsgen.estimate.optimizers import is_client_optimizer
 from dsgen.estimate.throughput import StepTime, estimate_step_time
 from dsgen.plan import Plan, ZeroKnobs
+from dsgen.records import record
 from dsgen.spec.types import Spec
 
 GIB = 1 << 30
@@ -25,7 +26,7 @@ OFFLOAD_ORDER = {"none": 0, "cpu": 1, "nvme": 2}
 CHECKPOINTING_ORDER = {"none": 0, "selective": 1, "full": 2}
 
 
-@dataclass(frozen=True)
+@record
 class Evaluation:
     """One candidate plan with its predicted memory and step time."""
 
@@ -82,7 +83,7 @@ class Evaluation:
         return "; ".join(problems)
 
 
-@dataclass(frozen=True)
+@record
 class Alternative:
     """The best plan found for one ZeRO stage that was not chosen."""
 
@@ -91,7 +92,7 @@ class Alternative:
     reason: str
 
 
-@dataclass(frozen=True)
+@record
 class SolveResult:
     """Everything one solve found: the chosen plan, every feasible plan ranked, and why others lost."""
 
@@ -199,7 +200,7 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-@dataclass(frozen=True)
+@record
 class BatchTarget:
     """The global batch the plans must meet, and a note when it differs from what was asked."""
 
@@ -302,7 +303,7 @@ def _choices(pinned: object, options: list) -> list:
 OFFLOAD_RATIOS = (1.0, 0.75, 0.5, 0.25)
 
 
-@dataclass(frozen=True)
+@record
 class _Structure:
     """The choices of a plan other than batch split and knob sizes."""
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dsgen.records import record
 
 GIB = 1 << 30
 
 
-@dataclass(frozen=True)
+@record
 class GpuSpec:
     """One accelerator model.
 

@@ -9,7 +9,7 @@ docs/memory-model.md documents every term and its source.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.estimate.activations import estimate_activations
@@ -21,6 +21,7 @@ from dsgen.estimate.model_states import (
 )
 from dsgen.estimate.optimizers import flat_state_bytes
 from dsgen.plan import Plan
+from dsgen.records import record
 from dsgen.spec.types import Hardware, Training
 
 GIB = 1 << 30
@@ -33,7 +34,7 @@ HOST_BYTES_PER_RANK = 3 * GIB  # python, torch, DeepSpeed and CUDA host state pe
 HOST_RESERVE = 0.10  # share of host RAM left for the OS, page cache and data loaders
 
 
-@dataclass(frozen=True)
+@record
 class GpuMemory:
     """Per-GPU memory of one plan.
 
@@ -88,7 +89,7 @@ class GpuMemory:
         return "forward_backward" if self.forward_backward >= self.optimizer_step else "optimizer_step"
 
 
-@dataclass(frozen=True)
+@record
 class HostMemory:
     """Host RAM per node, bytes: what the plan needs, what the node has, and the offload share of it."""
 
@@ -98,7 +99,7 @@ class HostMemory:
     process: int
 
 
-@dataclass(frozen=True)
+@record
 class NvmeMemory:
     """NVMe bytes per node the plan writes (ZeRO-Infinity offload) against the drive's capacity."""
 
@@ -106,7 +107,7 @@ class NvmeMemory:
     capacity: int
 
 
-@dataclass(frozen=True)
+@record
 class MemoryEstimate:
     """Every memory prediction for one plan: per GPU (worst rank), host and NVMe per node."""
 

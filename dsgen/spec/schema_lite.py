@@ -14,8 +14,10 @@ Errors mimic the attributes of ``jsonschema.ValidationError`` that dsgen's messa
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
+
+from dsgen.records import record
 
 SUPPORTED_KEYWORDS = frozenset(
     {
@@ -27,7 +29,7 @@ SUPPORTED_KEYWORDS = frozenset(
 )  # fmt: skip
 
 
-@dataclass
+@record(frozen=False)
 class SchemaError:
     """One schema violation, shaped like ``jsonschema.ValidationError`` so the friendly messages serve both."""
 

@@ -8,13 +8,14 @@ the last one, and (c) only safe scalar types are constructed.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from dsgen.errors import DsgenError, Location
+from dsgen.records import record
 
 KeyPath = tuple[str | int, ...]
 
@@ -24,7 +25,7 @@ except AttributeError:  # pragma: no cover - PyYAML built without libyaml
     _Loader = yaml.SafeLoader
 
 
-@dataclass
+@record(frozen=False)
 class SourceMap:
     """Line numbers of keys in one YAML document, by key path."""
 

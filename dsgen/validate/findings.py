@@ -6,8 +6,10 @@ Both are plain data so every output format (human, JSON, GitHub annotations) and
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Any, Literal
+
+from dsgen.records import record
 
 Severity = Literal["error", "warning"]
 Phase = Literal["config", "engine", "lint"]
@@ -18,7 +20,7 @@ Phase = Literal["config", "engine", "lint"]
 PHASES: tuple[Phase, ...] = ("config", "engine", "lint")
 
 
-@dataclass(frozen=True)
+@record
 class Finding:
     """One problem in a config, located by JSON pointer and (when known) line/column."""
 
@@ -35,7 +37,7 @@ class Finding:
         return asdict(self)
 
 
-@dataclass
+@record(frozen=False)
 class Report:
     """All findings for one config, plus the settings it was checked under."""
 

@@ -1,0 +1,166 @@
+"""``dsgen.records.record`` behaves like ``@dataclass(frozen=True)`` (or ``@dataclass``) in every way
+dsgen and its users rely on: each check builds the same class twice, once with the stdlib decorator
+and once with ``record``, and compares what they do."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import importlib
+import inspect
+import pickle
+import pkgutil
+from dataclasses import FrozenInstanceError, dataclass, field
+
+import pytest
+
+import dsgen
+from dsgen.records import record
+
+
+def _twins(frozen: bool = True) -> tuple[type, type]:
+    """The same class body decorated by ``dataclass`` and by ``record``."""
+
+    def body(name: str) -> type:
+        namespace = {
+            "__annotations__": {"a": "int", "b": "str", "hidden": "float", "ignored": "list", "tags": "tuple"},
+            "__doc__": "A sample record.",
+            "__module__": __name__,
+            "__qualname__": name,
+            "b": "x",
+            "hidden": field(default=1.5, repr=False),
+            "ignored": field(default_factory=list, compare=False),
+            "tags": field(default=(), hash=False),
+        }
+        return type(name, (), namespace)
+
+    stdlib = dataclass(frozen=frozen)(body("Sample"))
+    ours = record(frozen=frozen)(body("Sample"))
+    return stdlib, ours
+
+
+@pytest.mark.parametrize("frozen", [True, False])
+def test_repr_matches_dataclass(frozen: bool) -> None:
+    stdlib, ours = _twins(frozen)
+    for args in [(1,), (2, "y"), (3, "z", 9.0, [1], ("t",))]:
+        assert repr(ours(*args)) == repr(stdlib(*args))
+
+
+@pytest.mark.parametrize("frozen", [True, False])
+def test_equality_matches_dataclass(frozen: bool) -> None:
+    stdlib, ours = _twins(frozen)
+    pairs = [((1,), (1,)), ((1,), (2,)), ((1, "x", 1.5, [1]), (1, "x", 1.5, [2])), ((1, "x", 1.0), (1, "x", 2.0))]
+    for left, right in pairs:
+        assert (ours(*left) == ours(*right)) == (stdlib(*left) == stdlib(*right))
+        assert (ours(*left) != ours(*right)) == (stdlib(*left) != stdlib(*right))
+    # Another class, even one with the same fields, is never equal (NotImplemented, then identity).
+    assert ours(1) != stdlib(1)
+    assert ours(1).__eq__(stdlib(1)) is NotImplemented
+    assert ours(1) != (1, "x", 1.5, [], ())
+
+
+def test_frozen_hash_matches_dataclass() -> None:
+    stdlib, ours = _twins(frozen=True)
+    for args in [(1,), (2, "y", 0.5), (3, "z", 9.0, [1], ("t",))]:
+        assert hash(ours(*args)) == hash(stdlib(*args))
+    # `tags` has hash=False and `ignored` compare=False: neither changes the hash.
+    assert hash(ours(1, "x", 1.5, [], ("a",))) == hash(ours(1, "x", 1.5, [9], ("b",)))
+    assert len({ours(1), ours(1), ours(2)}) == 2
+
+
+def test_mutable_record_is_unhashable_and_assignable() -> None:
+    stdlib, ours = _twins(frozen=False)
+    assert stdlib.__hash__ is None and ours.__hash__ is None
+    with pytest.raises(TypeError):
+        hash(ours(1))
+    item = ours(1)
+    item.a = 5
+    assert item == ours(5)
+
+
+def test_frozen_record_refuses_assignment_and_deletion() -> None:
+    _, ours = _twins(frozen=True)
+    item = ours(1)
+    with pytest.raises(FrozenInstanceError):
+        item.a = 2
+    with pytest.raises(FrozenInstanceError):
+        item.not_a_field = 2
+    with pytest.raises(FrozenInstanceError):
+        del item.a
+    assert ours.__dataclass_params__.frozen
+
+
+def test_dataclass_helpers_work() -> None:
+    stdlib, ours = _twins(frozen=True)
+    item = ours(1, "x", 2.0, [3], ("t",))
+    assert dataclasses.is_dataclass(item)
+    assert [f.name for f in dataclasses.fields(ours)] == [f.name for f in dataclasses.fields(stdlib)]
+    assert dataclasses.replace(item, a=7) == ours(7, "x", 2.0, [3], ("t",))
+    assert dataclasses.asdict(item) == dataclasses.asdict(stdlib(1, "x", 2.0, [3], ("t",)))
+    assert ours.__match_args__ == stdlib.__match_args__
+    assert inspect.signature(ours) == inspect.signature(stdlib)
+    assert copy.deepcopy(item) == item
+    assert copy.copy(item) == item
+
+
+def test_records_pickle() -> None:
+    from dsgen.catalog.presets import gpu_presets, model_presets
+
+    for preset in (gpu_presets()["h100-80gb"], model_presets()["llama-3.1-8b"]):
+        assert pickle.loads(pickle.dumps(preset)) == preset
+
+
+def test_methods_the_class_defines_win() -> None:
+    @record
+    class Own:
+        """Defines its own repr and hash."""
+
+        a: int
+
+        def __repr__(self) -> str:
+            return "own"
+
+        def __hash__(self) -> int:
+            return 42
+
+    assert repr(Own(1)) == "own"
+    assert hash(Own(1)) == 42
+    assert Own(1) == Own(1)
+
+    @record
+    class OwnEq:
+        """Defines __eq__ only, which leaves __hash__ = None in its body: the record still hashes."""
+
+        a: int
+
+        def __eq__(self, other: object) -> bool:
+            return True
+
+    assert OwnEq(1) == OwnEq(2)
+    assert hash(OwnEq(1)) == hash((1,))
+
+
+def test_method_names_point_at_the_class() -> None:
+    _, ours = _twins()
+    assert ours.__repr__.__qualname__ == "Sample.__repr__"
+    assert ours.__eq__.__qualname__ == "Sample.__eq__"
+    assert ours.__hash__.__qualname__ == "Sample.__hash__"
+
+
+def test_every_dsgen_dataclass_is_a_record() -> None:
+    """dsgen's own classes all go through ``record`` (no plain ``@dataclass`` creeping back in, which
+    would cost a cold start about 1 ms per class), and every one that was frozen still is."""
+    classes = []
+    for info in pkgutil.walk_packages(dsgen.__path__, "dsgen."):
+        module = importlib.import_module(info.name)
+        for value in vars(module).values():
+            if inspect.isclass(value) and value.__module__ == info.name and dataclasses.is_dataclass(value):
+                classes.append(value)
+    assert len(classes) >= 35
+    for cls in classes:
+        assert cls.__repr__.__module__ == "dsgen.records", cls
+        assert not cls.__dataclass_params__.eq, cls
+    frozen = [cls for cls in classes if cls.__dataclass_params__.frozen]
+    assert len(frozen) >= 30
+    for cls in frozen:
+        assert cls.__hash__ is not None, cls
