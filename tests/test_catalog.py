@@ -13,11 +13,12 @@ import json
 import re
 import subprocess
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from conftest import REPO_ROOT, require_module
 
 from dsgen.catalog.gpu import GpuSpec
@@ -733,15 +734,74 @@ def test_broken_preset_data_is_a_packaging_error(
     from dsgen.catalog import presets
 
     entry = {"memory_gib": 10.0, "bf16": True, **change}
-    file = tmp_path / "gpus.yaml"
-    file.write_text(json.dumps({"test-gpu": entry}), encoding="utf-8")  # JSON is YAML
-    monkeypatch.setattr(presets, "GPUS_FILE", file)
+    (tmp_path / "test-gpu.yaml").write_text(json.dumps(entry), encoding="utf-8")  # JSON is YAML
+    monkeypatch.setattr(presets, "GPUS_DIR", tmp_path)
     presets._forget_loaded()
     try:
         with pytest.raises(ValueError, match=re.escape(fragment)):
             presets.gpu_presets()
     finally:
         presets._forget_loaded()  # the next caller reloads the real file
+
+
+def test_a_lookup_reads_only_the_file_it_needs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dsgen.catalog import presets
+
+    good = {k: v for k, v in asdict(GPUS["t4"]).items() if k != "name"}
+    (tmp_path / "good-gpu.yaml").write_text(json.dumps(good), encoding="utf-8")
+    (tmp_path / "broken-gpu.yaml").write_text("memory_gib: [unclosed", encoding="utf-8")
+    monkeypatch.setattr(presets, "GPUS_DIR", tmp_path)
+    presets._forget_loaded()
+    try:
+        assert get_gpu("good-gpu") == replace(GPUS["t4"], name="good-gpu")
+        with pytest.raises(DsgenError, match="did you mean 'broken-gpu'"):
+            get_gpu("broken")
+        with pytest.raises(yaml.YAMLError):
+            get_gpu("broken-gpu")
+    finally:
+        presets._forget_loaded()
+
+
+@pytest.mark.parametrize(
+    ("file_name", "text", "fragment"),
+    [
+        ("odd-family.yaml", "family: nonesuch\npublished_parameters: 1\n", "family: 'nonesuch' is not a family"),
+        ("no-count.yaml", "family: llama\n", "published_parameters must be a positive integer"),
+        ("Upper_Case.yaml", "family: llama\n", "preset names must be lowercase and hyphenated"),
+    ],
+)
+def test_broken_model_files_name_the_file(
+    file_name: str, text: str, fragment: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dsgen.catalog import presets
+
+    (tmp_path / file_name).write_text(text, encoding="utf-8")
+    monkeypatch.setattr(presets, "MODELS_DIR", tmp_path)
+    presets._forget_loaded()
+    try:
+        with pytest.raises(ValueError, match=re.escape(fragment)) as info:
+            presets.model_presets()
+        assert file_name.removesuffix(".yaml") in str(info.value)
+    finally:
+        presets._forget_loaded()
+
+
+def test_preset_files_have_no_duplicate_keys() -> None:
+    """PyYAML keeps the last of two equal keys without a word; in a preset that hides a typo."""
+    from dsgen.catalog import presets
+
+    files = [presets.FAMILIES_FILE, *presets.GPUS_DIR.glob("*.yaml"), *presets.MODELS_DIR.glob("*.yaml")]
+    assert len(files) == 1 + len(GPUS) + len(MODELS)
+    for file in files:
+        for node in _mappings(yaml.compose(file.read_text(encoding="utf-8"))):
+            keys = [key.value for key, _ in node.value if key.value != "<<"]
+            assert len(keys) == len(set(keys)), f"{file}: duplicate keys {sorted(k for k in keys if keys.count(k) > 1)}"
+
+
+def _mappings(node: yaml.Node) -> list[yaml.MappingNode]:
+    if isinstance(node, yaml.MappingNode):
+        return [node] + [m for _, value in node.value for m in _mappings(value)]
+    return []
 
 
 # ---- (d) lookups ----------------------------------------------------------------------------------

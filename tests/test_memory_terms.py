@@ -2,7 +2,7 @@
 
 Buffers, the loss/recompute transient, the GPU overhead, host RAM and NVMe per node. Every
 expected value is worked out here from the formulas in docs/memory-model.md and the published
-architecture of the model (dsgen/catalog/data/models.yaml); the arithmetic is in the comments.
+architecture of the model (dsgen/catalog/data/models/llama-3.1-8b.yaml); the arithmetic is in the comments.
 Nothing expected is read back from the function under test.
 """
 
@@ -29,7 +29,7 @@ from tests.conftest import EXAMPLES_DIR
 from tests.test_model_states import ODD  # one llama layer: h = 3, one head of 3, f = 5, V = 7, untied; 132 parameters
 
 # ---- shared inputs ---------------------------------------------------------------------------
-# Llama-3.1-8B (models.yaml): L = 32, h = 4096, 32 heads of 128 (q = 4096), 8 kv heads
+# Llama-3.1-8B (its preset file): L = 32, h = 4096, 32 heads of 128 (q = 4096), 8 kv heads
 # (kv = 1024), f = 14336, V = 128256, P = 8_030_261_248 (published).
 L, H, Q, KV, NH, F, V = 32, 4096, 4096, 1024, 32, 14336, 128256
 P = 8_030_261_248

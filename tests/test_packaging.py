@@ -27,10 +27,14 @@ def test_wheel_runs_dsgen_new_from_another_directory(tmp_path: Path) -> None:
         "dsgen/_data/schemas/spec.schema.json",
         "dsgen/_data/schemas/deepspeed.schema.json",
         "dsgen/_data/schemas/sweep.schema.json",
-        "dsgen/catalog/data/gpus.yaml",
-        "dsgen/catalog/data/models.yaml",
+        "dsgen/catalog/data/model-families.yaml",
+        "dsgen/catalog/data/gpus/h100-80gb.yaml",
+        "dsgen/catalog/data/models/llama-3.1-8b.yaml",
     ):
         assert required in names, f"{required} missing from {wheel.name}"
+    data = REPO_ROOT / "dsgen" / "catalog" / "data"
+    shipped = {f"dsgen/catalog/data/{p.relative_to(data).as_posix()}" for p in data.rglob("*.yaml")}
+    assert len(shipped) >= 19 + 29 + 1 and shipped <= names, sorted(shipped - names)
 
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)

@@ -1,18 +1,20 @@
-"""The bundled GPU and model presets, loaded from ``data/gpus.yaml`` and ``data/models.yaml``.
+"""The bundled GPU and model presets: one data file per preset under ``data/`` (see its README).
 
-Every CLI command touches the catalog and the CLI has to start fast, so a file is composed once
-per process with libyaml (``CSafeLoader`` when PyYAML was built with it) and an entry is turned
-into Python objects and checked only when it is asked for: building all thirty model presets in
-pure Python cost ``dsgen new`` about 20 ms for the one it needed. Lookups normalise what people
+Every CLI command touches the catalog and the CLI has to start fast, so a lookup reads only the
+file it needs (``data/gpus/<name>.yaml``, or ``data/models/<name>.yaml`` plus the small
+``data/model-families.yaml``) with libyaml (``CSafeLoader`` when PyYAML was built with it); the list
+of names comes from the directory listing. Composing the two single-file catalogs whole cost a cold
+``dsgen new`` 25 M instructions (4 %) for the two entries it needed. Lookups normalise what people
 type (case, ``_`` or spaces for ``-``) and answer an unknown name with a did-you-mean and the full
 list, because a typo in ``hardware.gpu`` is the most likely first error a new user makes.
 
 The shipped data is checked field by field on load: a typo in a preset file is a packaging bug,
-reported as ``ValueError`` naming the preset and the key, never silently turned into a default.
+reported as ``ValueError`` naming the file and the key, never silently turned into a default.
 """
 
 from __future__ import annotations
 
+import os
 import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import MISSING, fields
@@ -27,8 +29,9 @@ from dsgen.catalog.model_shape import ModelShape
 from dsgen.errors import DsgenError, Location
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
-GPUS_FILE = DATA_DIR / "gpus.yaml"
-MODELS_FILE = DATA_DIR / "models.yaml"
+GPUS_DIR = DATA_DIR / "gpus"  # one <name>.yaml per GPU preset
+MODELS_DIR = DATA_DIR / "models"  # one <name>.yaml per model preset
+FAMILIES_FILE = DATA_DIR / "model-families.yaml"  # constants each model file's family supplies
 
 _Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -61,7 +64,7 @@ def published_parameter_counts() -> dict[str, int]:
 def get_gpu(name: str, *, path: str = "hardware.gpu", location: Location | None = None) -> GpuSpec:
     """Look up a GPU preset; an unknown name raises :class:`DsgenError` with suggestions."""
     return _lookup(
-        _LazyEntries(_entry_nodes(GPUS_FILE, None), _gpu),
+        _LazyEntries(_names(GPUS_DIR), _gpu),
         name,
         kind="GPU",
         path=path,
@@ -73,7 +76,7 @@ def get_gpu(name: str, *, path: str = "hardware.gpu", location: Location | None 
 def get_model(name: str, *, path: str = "model.preset", location: Location | None = None) -> ModelShape:
     """Look up a model preset; an unknown name raises :class:`DsgenError` with suggestions."""
     return _lookup(
-        _LazyEntries(_entry_nodes(MODELS_FILE, "models"), lambda key: _model(key)[0]),
+        _LazyEntries(_names(MODELS_DIR), lambda key: _model(key)[0]),
         name,
         kind="model",
         path=path,
@@ -119,32 +122,6 @@ def _suggest(key: str, names: list[str]) -> list[str]:
     return list(dict.fromkeys(prefixed + close))[:3]
 
 
-# ---- loading ------------------------------------------------------------------------------------
-def _gpus() -> dict[str, GpuSpec]:
-    return {name: _gpu(name) for name in _entry_nodes(GPUS_FILE, None)}
-
-
-@cache
-def _gpu(name: str) -> GpuSpec:
-    entry = _mapping(_construct(_entry_nodes(GPUS_FILE, None)[name]), GPUS_FILE, name)
-    return GpuSpec(name=name, **_checked(GpuSpec, name, entry, GPUS_FILE))
-
-
-def _models() -> tuple[dict[str, ModelShape], dict[str, int]]:
-    built = {name: _model(name) for name in _entry_nodes(MODELS_FILE, "models")}
-    return {name: shape for name, (shape, _) in built.items()}, {name: count for name, (_, count) in built.items()}
-
-
-@cache
-def _model(name: str) -> tuple[ModelShape, int]:
-    """One model preset and its published parameter count."""
-    values = dict(_mapping(_construct(_entry_nodes(MODELS_FILE, "models")[name]), MODELS_FILE, name))
-    count = values.pop("published_parameters", None)
-    if type(count) is not int or count <= 0:
-        raise ValueError(f"{MODELS_FILE}: {name}: published_parameters must be a positive integer")
-    return ModelShape(name=name, **_checked(ModelShape, name, values, MODELS_FILE)), count
-
-
 class _LazyEntries(Mapping[str, _T]):
     """A read-only name -> preset mapping that builds an entry on first access (see module doc)."""
 
@@ -164,39 +141,73 @@ class _LazyEntries(Mapping[str, _T]):
         return len(self._names)
 
 
+# ---- loading ------------------------------------------------------------------------------------
+def _gpus() -> dict[str, GpuSpec]:
+    return {name: _gpu(name) for name in _names(GPUS_DIR)}
+
+
 @cache
-def _entry_nodes(file: Path, section: str | None) -> dict[str, yaml.Node]:
-    """The composed (not yet constructed) YAML node of every preset in ``file`` (or its ``section``)."""
+def _gpu(name: str) -> GpuSpec:
+    file = GPUS_DIR / f"{name}.yaml"
+    return GpuSpec(name=name, **_checked(GpuSpec, name, _read(file), file))
+
+
+def _models() -> tuple[dict[str, ModelShape], dict[str, int]]:
+    built = {name: _model(name) for name in _names(MODELS_DIR)}
+    return {name: shape for name, (shape, _) in built.items()}, {name: count for name, (_, count) in built.items()}
+
+
+@cache
+def _model(name: str) -> tuple[ModelShape, int]:
+    """One model preset, its family's constants filled in, and its published parameter count."""
+    file = MODELS_DIR / f"{name}.yaml"
+    entry = _read(file)
+    values = {**_family(entry.get("family"), file), **entry}
+    count = values.pop("published_parameters", None)
+    if type(count) is not int or count <= 0:
+        raise ValueError(f"{file}: published_parameters must be a positive integer")
+    return ModelShape(name=name, **_checked(ModelShape, name, values, file)), count
+
+
+def _family(family: object, file: Path) -> dict[str, Any]:
+    """The constants of one family: only its node of the families file is constructed."""
+    nodes = _family_nodes()
+    if family not in nodes:
+        raise ValueError(f"{file}: family: {family!r} is not a family of {FAMILIES_FILE.name} ({', '.join(nodes)})")
+    constructor = yaml.constructor.SafeConstructor()
+    return _mapping(constructor.construct_object(nodes[family], deep=True), FAMILIES_FILE, str(family))
+
+
+@cache
+def _family_nodes() -> dict[object, yaml.Node]:
+    with FAMILIES_FILE.open(encoding="utf-8") as stream:
+        root = yaml.compose(stream, Loader=_Loader)
+    if not isinstance(root, yaml.MappingNode):
+        raise ValueError(f"{FAMILIES_FILE}: top level: expected a mapping")
+    return {key.value: value for key, value in root.value}
+
+
+@cache
+def _names(directory: Path) -> tuple[str, ...]:
+    """The presets in ``directory``, one ``<name>.yaml`` file each, found without reading any."""
+    names = sorted(entry.name[: -len(".yaml")] for entry in os.scandir(directory) if entry.name.endswith(".yaml"))
+    for name in names:
+        if name != normalize_name(name):
+            raise ValueError(f"{directory / name}.yaml: preset names must be lowercase and hyphenated")
+    return tuple(names)
+
+
+def _read(file: Path) -> dict[str, Any]:
+    """One data file's mapping (safe types only; YAML merge keys resolved)."""
     with file.open(encoding="utf-8") as stream:
-        node = yaml.compose(stream, Loader=_Loader)
-    if section is not None:
-        node = _child(node, section, file)
-    if not isinstance(node, yaml.MappingNode) or not all(isinstance(k, yaml.ScalarNode) for k, _ in node.value):
-        raise ValueError(f"{file}: {section or 'top level'}: expected a mapping with string keys")
-    entries = {key.value: value for key, value in node.value}
-    for key in entries:
-        if key != normalize_name(key):
-            raise ValueError(f"{file}: {key!r}: preset names must be lowercase and hyphenated")
-    return entries
-
-
-def _child(node: yaml.Node, key: str, file: Path) -> yaml.Node:
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value in node.value:
-            if isinstance(key_node, yaml.ScalarNode) and key_node.value == key:
-                return value
-    raise ValueError(f"{file}: top level: expected a mapping with a {key!r} key")
+        value = yaml.load(stream, Loader=_Loader)
+    return _mapping(value, file, "top level")
 
 
 def _forget_loaded() -> None:
     """Drop everything loaded so far (tests that point the module at other data files use this)."""
-    for cached in (_entry_nodes, _gpu, _model):
+    for cached in (_names, _family_nodes, _gpu, _model):
         cached.cache_clear()
-
-
-def _construct(node: yaml.Node) -> Any:
-    """Build the Python value of one entry (YAML merge keys and aliases resolved, safe types only)."""
-    return yaml.constructor.SafeConstructor().construct_object(node, deep=True)
 
 
 def _mapping(value: Any, file: Path, where: str) -> dict[str, Any]:
