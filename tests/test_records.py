@@ -87,7 +87,48 @@ def test_frozen_record_refuses_assignment_and_deletion() -> None:
         item.not_a_field = 2
     with pytest.raises(FrozenInstanceError):
         del item.a
+    with pytest.raises(FrozenInstanceError):
+        del item.not_a_field
     assert ours.__dataclass_params__.frozen
+    assert item == ours(1)  # nothing changed
+
+
+def test_frozen_record_init_sets_every_field_once() -> None:
+    """The generated ``__init__`` sets each field once; defaults and default factories included."""
+    _, ours = _twins(frozen=True)
+    item = ours(4)
+    assert (item.a, item.b, item.hidden, item.ignored, item.tags) == (4, "x", 1.5, [], ())
+    with pytest.raises(FrozenInstanceError):
+        item.__init__(5)  # a second __init__ would overwrite fields: refused
+    object.__setattr__(item, "a", 6)  # the escape hatch frozen dataclasses have
+    assert item.a == 6
+
+
+def test_frozen_record_subclasses_follow_dataclass_rules() -> None:
+    _, ours = _twins(frozen=True)
+
+    @record
+    class Child(ours):
+        """A frozen record subclassing a frozen record."""
+
+        c: int = 0
+
+    child = Child(1, c=2)
+    assert (
+        repr(child)
+        == "test_frozen_record_subclasses_follow_dataclass_rules.<locals>.Child(a=1, b='x', ignored=[], tags=(), c=2)"
+    )
+    with pytest.raises(FrozenInstanceError):
+        child.c = 3
+    with pytest.raises(TypeError, match="non-frozen"):
+        record(frozen=False)(type("Mutable", (ours,), {"__annotations__": {"d": "int"}, "d": 0}))
+    with pytest.raises(TypeError, match="non-frozen"):
+        dataclass(type("Stdlib", (ours,), {"__annotations__": {"d": "int"}, "d": 0}))
+
+
+def test_frozen_record_refuses_its_own_setattr() -> None:
+    with pytest.raises(TypeError, match="Cannot overwrite attribute __setattr__"):
+        record(type("Custom", (), {"__annotations__": {"a": "int"}, "__setattr__": lambda self, n, v: None}))
 
 
 def test_dataclass_helpers_work() -> None:
@@ -152,8 +193,8 @@ def test_every_dsgen_dataclass_is_a_record() -> None:
     would cost a cold start about 1 ms per class), and every one that was frozen still is."""
     classes = []
     for info in pkgutil.walk_packages(dsgen.__path__, "dsgen."):
-        if info.name.endswith("__main__"):
-            continue  # running it would start the CLI
+        if info.name.endswith("__main__") or info.name == "dsgen.records":
+            continue  # running __main__ would start the CLI; records defines the decorator
         module = importlib.import_module(info.name)
         for value in vars(module).values():
             if inspect.isclass(value) and value.__module__ == info.name and dataclasses.is_dataclass(value):
