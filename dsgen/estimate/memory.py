@@ -34,7 +34,7 @@ HOST_BYTES_PER_RANK = 3 * GIB  # python, torch, DeepSpeed and CUDA host state pe
 HOST_RESERVE = 0.10  # share of host RAM left for the OS, page cache and data loaders
 
 
-@record
+@record(fast_init=True)  # one per candidate plan
 class GpuMemory:
     """Per-GPU memory of one plan.
 
@@ -89,7 +89,7 @@ class GpuMemory:
         return "forward_backward" if self.forward_backward >= self.optimizer_step else "optimizer_step"
 
 
-@record
+@record(fast_init=True)  # one per candidate plan
 class HostMemory:
     """Host RAM per node, bytes: what the plan needs, what the node has, and the offload share of it."""
 
@@ -99,7 +99,7 @@ class HostMemory:
     process: int
 
 
-@record
+@record(fast_init=True)  # one per candidate plan
 class NvmeMemory:
     """NVMe bytes per node the plan writes (ZeRO-Infinity offload) against the drive's capacity."""
 
@@ -107,7 +107,7 @@ class NvmeMemory:
     capacity: int
 
 
-@record
+@record(fast_init=True)  # one per candidate plan
 class MemoryEstimate:
     """Every memory prediction for one plan: per GPU (worst rank), host and NVMe per node."""
 

@@ -23,7 +23,7 @@ ZERO3_COMPUTE_OVERHEAD = 1.10  # ZeRO-3 module hooks, partition bookkeeping and 
 COLLECTIVE_LATENCY_S = {"intra": 30e-6, "inter": 100e-6}  # fixed cost of launching one collective
 
 
-@record
+@record(fast_init=True)  # one per candidate plan
 class StepTime:
     """One optimizer step's predicted wall time, split into what the plan's choices trade against each other."""
 
