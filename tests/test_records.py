@@ -149,6 +149,11 @@ def test_records_pickle() -> None:
 
     for preset in (gpu_presets()["h100-80gb"], model_presets()["llama-3.1-8b"]):
         assert pickle.loads(pickle.dumps(preset)) == preset
+    shape = model_presets()["llama-3.1-8b"]
+    assert hash(shape) and shape.parameter_count() == 8_030_261_248  # fills both caches
+    copy_ = pickle.loads(pickle.dumps(shape))
+    assert copy_._hash is None and copy_._memo is None  # string hashes differ between processes
+    assert hash(copy_) == hash(shape) and copy_.parameter_count() == shape.parameter_count()
 
 
 def test_methods_the_class_defines_win() -> None:

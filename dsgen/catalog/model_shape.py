@@ -27,10 +27,10 @@ def _memoized(method: Callable[..., _T]) -> Callable[..., _T]:
 
     @wraps(method)
     def wrapper(self: ModelShape, *args: object, **kwargs: object) -> _T:
-        try:
-            cache = self.__dict__["_memo"]
-        except KeyError:
-            cache = self.__dict__["_memo"] = {}
+        cache = self._memo
+        if cache is None:
+            cache = {}
+            object.__setattr__(self, "_memo", cache)
         key = (name, *args, *kwargs.values()) if args or kwargs else name
         try:
             return cache[key]
@@ -92,14 +92,22 @@ class ModelShape:
     max_position_embeddings: int = 4096
     dropout: float = 0.0  # residual/attention dropout probability used in training
     encoder_only: bool = False
+    # Caches, not fields (no annotation): filled once per instance with object.__setattr__, never
+    # through __dict__, which would cost every later attribute read CPython's fast path.
+    _memo = None
+    _hash = None
 
     def __hash__(self) -> int:
         """Hash of the fields, computed once: shapes are lru_cache keys on the solver's hot path."""
-        try:
-            return self.__dict__["_hash"]
-        except KeyError:
-            value = self.__dict__["_hash"] = hash(tuple(getattr(self, f.name) for f in fields(self)))
-            return value
+        value = self._hash
+        if value is None:
+            value = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            object.__setattr__(self, "_hash", value)
+        return value
+
+    def __getstate__(self) -> dict[str, object]:
+        """Pickle the fields only: the cached hash is of strings, which differ between processes."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     # ---- derived sizes -------------------------------------------------------------------
     @property

@@ -54,6 +54,7 @@ class GpuMemory:
     backward_gradients: int  # gradient memory while forward/backward run
     step_gradients: int  # the optimizer step's hand-off: fp32 gradients formed beside the 16-bit ones
     step_overhead: int = 0  # fixed allowances only: no activation-proportional slack in the step
+    _total = None  # cache of ``total``, not a field (no annotation); set with object.__setattr__
 
     @property
     def gradients(self) -> int:
@@ -78,11 +79,11 @@ class GpuMemory:
 
     @property
     def total(self) -> int:
-        try:  # memoised: feasibility checks and ranking ask for it many times per plan
-            return self.__dict__["_total"]
-        except KeyError:
-            value = self.__dict__["_total"] = max(self.forward_backward, self.optimizer_step)
-            return value
+        value = self._total  # memoised: feasibility checks and ranking ask for it many times per plan
+        if value is None:
+            value = max(self.forward_backward, self.optimizer_step)
+            object.__setattr__(self, "_total", value)
+        return value
 
     @property
     def peak_phase(self) -> str:
