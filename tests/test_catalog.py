@@ -13,7 +13,7 @@ import json
 import re
 import subprocess
 import sys
-from dataclasses import asdict, replace
+from dataclasses import asdict, make_dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -742,6 +742,21 @@ def test_broken_preset_data_is_a_packaging_error(
             presets.gpu_presets()
     finally:
         presets._forget_loaded()  # the next caller reloads the real file
+
+
+def test_preset_field_types_resolve_as_typing_does() -> None:
+    """The loader resolves annotation strings by name instead of compiling them; the result must
+    be what ``typing.get_type_hints`` gives, or a wrong type check would slip through."""
+    import typing
+
+    from dsgen.catalog import presets
+
+    for cls in (GpuSpec, ModelShape):
+        assert presets._type_hints(cls) == typing.get_type_hints(cls)
+
+    odd = make_dataclass("Odd", [("shape", "tuple[int, ...]")])
+    with pytest.raises(TypeError, match=re.escape("Odd.shape: preset fields must be")):
+        presets._type_hints(odd)
 
 
 def test_a_lookup_reads_only_the_file_it_needs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,6 +15,7 @@ reported as ``ValueError`` naming the file and the key, never silently turned in
 from __future__ import annotations
 
 import os
+import sys
 import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import MISSING, fields
@@ -234,10 +235,25 @@ def _checked(cls: type, name: str, entry: dict[str, Any], file: Path) -> dict[st
     return {k: float(v) if hints[k] is float else v for k, v in entry.items()}
 
 
+_BUILTIN_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
+
+
 @cache
 def _type_hints(cls: type) -> dict[str, Any]:
-    """``typing.get_type_hints`` evaluates every annotation string; once per class is enough."""
-    return typing.get_type_hints(cls)
+    """Each field's type: a builtin, or a ``Literal`` alias defined in the class's module.
+
+    The annotations are strings (``from __future__ import annotations``). Resolving them by name,
+    rather than with ``typing.get_type_hints``, saves compiling each one: 39 compiles, about 2 %
+    of a cold ``dsgen new``. A field of any other type is a programming error, reported here.
+    """
+    module = sys.modules[cls.__module__]
+    hints = {}
+    for f in fields(cls):
+        hint = _BUILTIN_TYPES.get(f.type) or getattr(module, f.type, None)
+        if hint is None or not (hint in _BUILTIN_TYPES.values() or typing.get_origin(hint) is typing.Literal):
+            raise TypeError(f"{cls.__name__}.{f.name}: preset fields must be bool, int, float, str or a Literal alias")
+        hints[f.name] = hint
+    return hints
 
 
 def _matches(value: Any, hint: Any) -> bool:
