@@ -7,34 +7,37 @@ writes the source of six methods per class (``__init__``, ``__repr__``, ``__eq__
 the development VM. For dsgen's 35 records on the ``dsgen new`` path that was 197 compiles and about
 135 M instructions: a fifth of a cold run (docs/start-up.md).
 
-``record`` still makes a real dataclass whose ``__init__`` is the one :mod:`dataclasses` generates;
+``record`` lets :mod:`dataclasses` read the fields, so a record is a real dataclass:
 :func:`dataclasses.fields`, :func:`~dataclasses.replace`, :func:`~dataclasses.asdict`,
-``__match_args__``, pickling and copying behave as usual, and ``__dataclass_params__`` says
-``frozen=True`` for frozen records. The other five methods are closures over the class's field
-names, built once per class with no compilation:
+``__match_args__``, pickling, copying and type checkers (through ``dataclass_transform``) work as
+usual, and ``__dataclass_params__`` says ``frozen=True`` for frozen records. The methods are
+closures over the field list instead, built once per class with nothing to compile, and they do
+what the generated ones do:
 
-* ``__repr__``, ``__eq__`` and ``__hash__`` follow the dataclass rules (``field(repr=False)``,
-  ``field(compare=False)``, ``field(hash=...)``, ``NotImplemented`` for another class, no hash for
-  mutable records, methods the class body defines win) and give the same results;
-* a frozen record refuses every assignment and deletion with
-  :class:`dataclasses.FrozenInstanceError` once its ``__init__`` has finished. (The generated
-  ``__init__`` of a non-frozen dataclass assigns ``self.name = value``, then calls
-  ``__post_init__``, which ``record`` provides to set the instance's ``_record_sealed`` flag; that
-  flag is the one attribute a frozen record has beyond its fields.)
+* ``__init__`` takes the fields in order, positionally or by keyword, fills defaults and
+  ``default_factory`` values, calls ``__post_init__`` if the class has one, and sets the fields
+  with ``object.__setattr__``, as a frozen dataclass's ``__init__`` does;
+* ``__setattr__`` and ``__delattr__`` of a frozen record raise
+  :class:`dataclasses.FrozenInstanceError` under the same conditions as the generated ones;
+* ``__repr__``, ``__eq__`` and ``__hash__`` follow ``field(repr=False)``, ``field(compare=False)``
+  and ``field(hash=...)``, return ``NotImplemented`` for another class, give mutable records no
+  hash, and yield to methods the class body defines.
 
-That last closure makes creating an instance slower: one Python call per field instead of the
-compiled ``object.__setattr__`` of a frozen dataclass's ``__init__``. Records the solver creates
-once per candidate plan say ``@record(fast_init=True)`` and keep the stdlib's compiled frozen
-methods (two more compiles when the class is defined); without that, a 1,000-run sweep took 15 %
-longer.
+The closure ``__init__`` binds its arguments in Python, so creating an instance costs more than
+with a compiled one. Records the solver creates in bulk (per candidate plan, structure or knob
+variant) say ``@record(fast_init=True)`` and get the stdlib's compiled ``__init__``,
+``__setattr__`` and ``__delattr__`` (three compiles when the class is defined). A record with a
+frozen dataclass base takes that path too, and one with ``InitVar``, ``ClassVar`` or
+``kw_only`` fields, which the closure does not handle, is refused unless it asks for it.
 
 ``tests/test_records.py`` checks all of this against what ``@dataclass`` itself makes.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
-from dataclasses import MISSING, FrozenInstanceError, dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, Field, FrozenInstanceError, dataclass, field, fields, is_dataclass
 from operator import attrgetter
 from reprlib import recursive_repr
 from typing import Any, TypeVar, overload
@@ -52,11 +55,19 @@ _C = TypeVar("_C", bound=type)
 
 @dataclass(frozen=True, repr=False, eq=False)
 class _FrozenParamsSource:
-    """Defined only for its ``__dataclass_params__``: what the stdlib records for a frozen dataclass
-    with dataclass-generated ``__init__`` and no generated repr or eq, i.e. what a frozen record is."""
+    """Defined for its ``__dataclass_params__`` only: what the stdlib records for a frozen dataclass
+    with an ``__init__`` and no generated repr or eq, which is what a frozen record is."""
 
 
-_FROZEN_PARAMS = _FrozenParamsSource.__dataclass_params__  # type: ignore[attr-defined]
+@dataclass(repr=False, eq=False)
+class _MutableParamsSource:
+    """The same for a mutable record."""
+
+
+_PARAMS = {
+    True: _FrozenParamsSource.__dataclass_params__,  # type: ignore[attr-defined]
+    False: _MutableParamsSource.__dataclass_params__,  # type: ignore[attr-defined]
+}
 
 
 @overload
@@ -78,16 +89,26 @@ def record(cls: _C | None = None, /, *, frozen: bool = True, fast_init: bool = F
     """
 
     def wrap(cls: _C) -> _C:
-        if frozen and (fast_init or _has_frozen_base(cls)):
-            # the stdlib's compiled frozen methods; with a frozen base, the dataclasses module
-            # also enforces its own rules between frozen classes and their subclasses
-            cls = dataclass(frozen=True, repr=False, eq=False)(cls)
+        if fast_init or (frozen and _has_frozen_base(cls)):
+            # the stdlib's compiled methods; with a frozen base, the dataclasses module also
+            # enforces its own rules between frozen classes and their subclasses
+            cls = dataclass(frozen=frozen, repr=False, eq=False)(cls)
         else:
             if frozen:
-                _seal_after_init(cls)
-            cls = dataclass(repr=False, eq=False)(cls)
+                for name in ("__setattr__", "__delattr__"):
+                    if name in cls.__dict__:  # as @dataclass(frozen=True) refuses it
+                        raise TypeError(f"Cannot overwrite attribute {name} in class {cls.__name__}")
+            cls = dataclass(init=False, repr=False, eq=False)(cls)
+            if not _closure_init_fits(cls):
+                raise TypeError(
+                    f"{cls.__qualname__}: InitVar, ClassVar or keyword-only fields, or a dataclass base, "
+                    "need @record(fast_init=True)"
+                )
+            if "__init__" not in cls.__dict__:  # as with dataclass, an __init__ of the body wins
+                _install(cls, "__init__", _init(cls))
             if frozen:
-                _make_frozen(cls)
+                _install_frozen(cls)
+            cls.__dataclass_params__ = _PARAMS[frozen]  # type: ignore[attr-defined]
         _add_value_methods(cls, hashable=frozen)
         return cls
 
@@ -98,45 +119,97 @@ def _has_frozen_base(cls: type) -> bool:
     return any(is_dataclass(base) and base.__dataclass_params__.frozen for base in cls.__mro__[1:])  # type: ignore[attr-defined]
 
 
-_SEALED = "_record_sealed"  # instance flag: True once __init__ has finished
+def _closure_init_fits(cls: type) -> bool:
+    """Whether the closure ``__init__`` covers every field: no ``InitVar`` or ``ClassVar``
+    pseudo-fields, no keyword-only fields, and no dataclass base to initialise as well."""
+    every = fields(cls)
+    plain = len(every) == len(cls.__dataclass_fields__) and not any(f.kw_only for f in every)  # type: ignore[attr-defined]
+    return plain and not any(is_dataclass(base) for base in cls.__mro__[1:])
 
 
-def _seal_after_init(cls: type) -> None:
-    """Give ``cls`` a ``__post_init__`` (before ``dataclass`` sees the class, so that the generated
-    ``__init__`` calls it) that marks the finished instance sealed, after any of the class's own."""
-    own = cls.__dict__.get("__post_init__")
+def _init(cls: type) -> Callable[..., None]:
+    """What the generated ``__init__`` of a frozen dataclass does, as a closure over the fields."""
+    every = fields(cls)
+    order = tuple(f.name for f in every)
+    parameters = tuple(f.name for f in every if f.init)
+    accepted = frozenset(parameters)
+    required = tuple(f.name for f in every if f.init and _default_of(f) is MISSING)
+    fill = tuple((f.name, f.default, f.default_factory) for f in every if _default_of(f) is not MISSING)
+    post_init = getattr(cls, "__post_init__", None)
+    where = f"{cls.__qualname__}.__init__()"
+    set_field = object.__setattr__
 
-    def __post_init__(self: Any, *init_vars: Any) -> None:
-        if own is not None:
-            own(self, *init_vars)
-        object.__setattr__(self, _SEALED, True)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if len(args) > len(parameters):
+            raise TypeError(f"{where} takes {len(parameters) + 1} positional arguments but {len(args) + 1} were given")
+        values = dict(zip(parameters, args, strict=False))  # too many args were refused above
+        for name, value in kwargs.items():
+            if name not in accepted:
+                raise TypeError(f"{where} got an unexpected keyword argument {name!r}")
+            if name in values:
+                raise TypeError(f"{where} got multiple values for argument {name!r}")
+            values[name] = value
+        if len(values) < len(parameters):
+            missing = [name for name in required if name not in values]
+            if missing:
+                raise TypeError(f"{where} missing {len(missing)} required argument(s): {', '.join(map(repr, missing))}")
+        for name, default, factory in fill:
+            if name not in values:
+                values[name] = default if factory is MISSING else factory()
+        for name in order:  # field order, whatever the call's order: instances share one layout
+            if name in values:
+                set_field(self, name, values[name])
+        if post_init is not None:
+            post_init(self)
 
-    _install(cls, "__post_init__", __post_init__)
-    setattr(cls, _SEALED, False)  # read by __setattr__ while __init__ runs
+    __init__.__signature__ = _signature(every)  # type: ignore[attr-defined]
+    return __init__
 
 
-def _make_frozen(cls: type) -> None:
-    """Refuse assignment and deletion, except ``__init__`` setting fields before it seals."""
-    for name in ("__setattr__", "__delattr__"):
-        if name in cls.__dict__:  # as @dataclass(frozen=True) does
-            raise TypeError(f"Cannot overwrite attribute {name} in class {cls.__name__}")
-    set_by_init = frozenset(
-        f.name for f in fields(cls) if f.init or f.default is not MISSING or f.default_factory is not MISSING
-    )
+class _Factory:
+    """Shown as the default of a ``default_factory`` field in signatures, as dataclasses does."""
+
+    def __repr__(self) -> str:
+        return "<factory>"
+
+
+_FACTORY = _Factory()
+
+
+def _default_of(f: Field[Any]) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    return _FACTORY if f.default_factory is not MISSING else MISSING
+
+
+def _signature(every: tuple[Field[Any], ...]) -> inspect.Signature:
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    params = [inspect.Parameter("self", kind)]
+    for f in every:
+        if f.init:
+            default = _default_of(f)
+            default = inspect.Parameter.empty if default is MISSING else default
+            params.append(inspect.Parameter(f.name, kind, default=default, annotation=f.type))
+    return inspect.Signature(params, return_annotation=None)
+
+
+def _install_frozen(cls: type) -> None:
+    """``__setattr__``/``__delattr__`` with the generated ones' rule: on the record itself nothing
+    may be set or deleted; a subclass may add attributes that are not the record's fields."""
+    names = frozenset(f.name for f in fields(cls))
 
     def __setattr__(self: Any, name: str, value: Any) -> None:
-        # object.__setattr__, not self.__dict__: asking for __dict__ would make CPython give up its
-        # faster attribute reads for this instance
-        if self._record_sealed or name not in set_by_init:
+        if type(self) is cls or name in names:
             raise FrozenInstanceError(f"cannot assign to field {name!r}")
-        object.__setattr__(self, name, value)
+        super(cls, self).__setattr__(name, value)
 
     def __delattr__(self: Any, name: str) -> None:
-        raise FrozenInstanceError(f"cannot delete field {name!r}")
+        if type(self) is cls or name in names:
+            raise FrozenInstanceError(f"cannot delete field {name!r}")
+        super(cls, self).__delattr__(name)
 
     _install(cls, "__setattr__", __setattr__)
     _install(cls, "__delattr__", __delattr__)
-    cls.__dataclass_params__ = _FROZEN_PARAMS  # type: ignore[attr-defined]
 
 
 def _add_value_methods(cls: type, *, hashable: bool) -> None:
