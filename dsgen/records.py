@@ -27,8 +27,12 @@ The closure ``__init__`` binds its arguments in Python, so creating an instance 
 with a compiled one. Records the solver creates in bulk (per candidate plan, structure or knob
 variant) say ``@record(fast_init=True)`` and get the stdlib's compiled ``__init__``,
 ``__setattr__`` and ``__delattr__`` (three compiles when the class is defined). A record with a
-frozen dataclass base takes that path too, and one with ``InitVar``, ``ClassVar`` or
-``kw_only`` fields, which the closure does not handle, is refused unless it asks for it.
+frozen dataclass base takes that path too, and one with ``InitVar`` or ``kw_only`` fields, which
+the closure does not handle, is refused unless it asks for it.
+
+Known differences from the generated ``__init__``, none of which dsgen depends on: the wording of
+its ``TypeError`` messages, and ``typing.get_type_hints(Record.__init__)``, which sees
+``*args, **kwargs`` (``inspect.signature`` and ``dataclasses.fields`` give the real parameters).
 
 ``tests/test_records.py`` checks all of this against what ``@dataclass`` itself makes.
 """
@@ -37,7 +41,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import MISSING, Field, FrozenInstanceError, dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, Field, FrozenInstanceError, InitVar, dataclass, field, fields, is_dataclass
 from operator import attrgetter
 from reprlib import recursive_repr
 from typing import Any, TypeVar, overload
@@ -98,14 +102,16 @@ def record(cls: _C | None = None, /, *, frozen: bool = True, fast_init: bool = F
                 for name in ("__setattr__", "__delattr__"):
                     if name in cls.__dict__:  # as @dataclass(frozen=True) refuses it
                         raise TypeError(f"Cannot overwrite attribute {name} in class {cls.__name__}")
+                if any(is_dataclass(base) for base in cls.__mro__[1:]):  # no frozen one: see above
+                    raise TypeError("cannot inherit frozen dataclass from a non-frozen one")
+            had_doc = cls.__dict__.get("__doc__") is not None
             cls = dataclass(init=False, repr=False, eq=False)(cls)
             if not _closure_init_fits(cls):
-                raise TypeError(
-                    f"{cls.__qualname__}: InitVar, ClassVar or keyword-only fields, or a dataclass base, "
-                    "need @record(fast_init=True)"
-                )
+                raise TypeError(f"{cls.__qualname__}: InitVar or keyword-only fields need @record(fast_init=True)")
             if "__init__" not in cls.__dict__:  # as with dataclass, an __init__ of the body wins
-                _install(cls, "__init__", _init(cls))
+                _install(cls, "__init__", _init(cls, frozen=frozen))
+                if not had_doc:  # dataclass wrote one from the signature before there was an __init__
+                    cls.__doc__ = cls.__name__ + str(inspect.signature(cls)).replace(" -> None", "")
             if frozen:
                 _install_frozen(cls)
             cls.__dataclass_params__ = _PARAMS[frozen]  # type: ignore[attr-defined]
@@ -120,26 +126,35 @@ def _has_frozen_base(cls: type) -> bool:
 
 
 def _closure_init_fits(cls: type) -> bool:
-    """Whether the closure ``__init__`` covers every field: no ``InitVar`` or ``ClassVar``
-    pseudo-fields, no keyword-only fields, and no dataclass base to initialise as well."""
+    """Whether the closure ``__init__`` covers the class: no ``InitVar`` pseudo-fields (init-only
+    arguments) and no keyword-only fields. ``ClassVar`` pseudo-fields take no part in ``__init__``."""
     every = fields(cls)
-    plain = len(every) == len(cls.__dataclass_fields__) and not any(f.kw_only for f in every)  # type: ignore[attr-defined]
-    return plain and not any(is_dataclass(base) for base in cls.__mro__[1:])
+    if any(f.kw_only for f in every):
+        return False
+    pseudo = [f for name, f in cls.__dataclass_fields__.items() if name not in {g.name for g in every}]  # type: ignore[attr-defined]
+    return not any(_is_init_var(f.type) for f in pseudo)
 
 
-def _init(cls: type) -> Callable[..., None]:
-    """What the generated ``__init__`` of a frozen dataclass does, as a closure over the fields."""
+def _is_init_var(annotation: object) -> bool:
+    if isinstance(annotation, str):  # `from __future__ import annotations`
+        return "InitVar" in annotation
+    return annotation is InitVar or isinstance(annotation, InitVar)
+
+
+def _init(cls: type, *, frozen: bool) -> Callable[..., None]:
+    """What the generated ``__init__`` does, as a closure over the fields: a frozen record sets
+    them with ``object.__setattr__``, a mutable one by assignment (through any ``__setattr__``)."""
     every = fields(cls)
     order = tuple(f.name for f in every)
     parameters = tuple(f.name for f in every if f.init)
     accepted = frozenset(parameters)
     required = tuple(f.name for f in every if f.init and _default_of(f) is MISSING)
     fill = tuple((f.name, f.default, f.default_factory) for f in every if _default_of(f) is not MISSING)
-    post_init = getattr(cls, "__post_init__", None)
+    has_post_init = hasattr(cls, "__post_init__")  # called as self.__post_init__(): subclasses' win
     where = f"{cls.__qualname__}.__init__()"
-    set_field = object.__setattr__
+    set_field = object.__setattr__ if frozen else setattr
 
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+    def __init__(self: Any, /, *args: Any, **kwargs: Any) -> None:  # a field may be called self
         if len(args) > len(parameters):
             raise TypeError(f"{where} takes {len(parameters) + 1} positional arguments but {len(args) + 1} were given")
         values = dict(zip(parameters, args, strict=False))  # too many args were refused above
@@ -159,8 +174,8 @@ def _init(cls: type) -> Callable[..., None]:
         for name in order:  # field order, whatever the call's order: instances share one layout
             if name in values:
                 set_field(self, name, values[name])
-        if post_init is not None:
-            post_init(self)
+        if has_post_init:
+            self.__post_init__()
 
     __init__.__signature__ = _signature(every)  # type: ignore[attr-defined]
     return __init__
@@ -184,7 +199,9 @@ def _default_of(f: Field[Any]) -> Any:
 
 def _signature(every: tuple[Field[Any], ...]) -> inspect.Signature:
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    params = [inspect.Parameter("self", kind)]
+    # dataclasses names the instance __dataclass_self__ when a field is called self
+    self_name = "__dataclass_self__" if any(f.name == "self" for f in every) else "self"
+    params = [inspect.Parameter(self_name, kind)]
     for f in every:
         if f.init:
             default = _default_of(f)

@@ -12,6 +12,7 @@ import pickle
 import pkgutil
 import re
 from dataclasses import FrozenInstanceError, dataclass, field
+from typing import ClassVar
 
 import pytest
 
@@ -180,8 +181,8 @@ def test_dataclass_helpers_work() -> None:
     assert ours.__match_args__ == stdlib.__match_args__
     # the same text; only the object shown as "<factory>" differs
     assert str(inspect.signature(ours)) == str(inspect.signature(stdlib))
-    assert copy.deepcopy(item) == item
-    assert copy.copy(item) == item
+    for copied in (copy.deepcopy(item), copy.copy(item)):
+        assert dataclasses.astuple(copied) == dataclasses.astuple(item)  # every field, compared or not
 
 
 def test_records_pickle() -> None:
@@ -295,4 +296,72 @@ def test_records_the_solver_creates_in_bulk_use_fast_init(monkeypatch: pytest.Mo
     in_bulk = {cls for cls, count in created.items() if count >= 10}
     assert len(in_bulk) >= 8, created
     for cls in in_bulk:
-        assert cls.__setattr__.__module__ != "dsgen.records", f"{cls.__qualname__}: {created[cls]} per solve"
+        compiled_init = getattr(cls.__init__, "__module__", None) != "dsgen.records"
+        assert compiled_init, f"{cls.__qualname__}: {created[cls]} per solve"
+
+
+@pytest.mark.parametrize("frozen", [True, False])
+def test_a_subclass_post_init_is_the_one_called(frozen: bool) -> None:
+    for decorate in (dataclass(frozen=frozen), record(frozen=frozen)):
+        calls: list[str] = []
+        base_post_init = lambda self, calls=calls: calls.append("base")  # noqa: E731
+        child_post_init = lambda self, calls=calls: calls.append("child")  # noqa: E731
+        base = decorate(type("Base", (), {"__annotations__": {"a": "int"}, "__post_init__": base_post_init}))
+        child = type("Child", (base,), {"__post_init__": child_post_init})
+        child(1)
+        assert calls == ["child"], decorate
+
+
+def test_mutable_record_init_assigns_through_setattr() -> None:
+    """A mutable dataclass's __init__ assigns ``self.name = value``; validation in __setattr__ runs."""
+    for decorate in (dataclass, record(frozen=False)):
+        seen: list[str] = []
+
+        def logging_setattr(self: object, name: str, value: object, seen: list[str] = seen) -> None:
+            seen.append(name)
+            object.__setattr__(self, name, value)
+
+        cls = decorate(type("Logged", (), {"__annotations__": {"a": "int"}, "__setattr__": logging_setattr}))
+        cls(1)
+        assert seen == ["a"], decorate
+
+
+def test_classvar_and_inheritance_between_mutable_records() -> None:
+    @record(frozen=False)
+    class Base:
+        """A mutable record with a class variable, which is not a field."""
+
+        a: int
+        registry: ClassVar[dict[str, int]] = {}
+
+    @record(frozen=False)
+    class Derived(Base):
+        """A mutable record extending it."""
+
+        b: int = 2
+
+    assert [f.name for f in dataclasses.fields(Derived)] == ["a", "b"]
+    assert Derived(1) == Derived(a=1, b=2) and repr(Derived(1)) == repr(Derived(1))
+    assert "registry" not in vars(Base(1))
+    with pytest.raises(TypeError, match="cannot inherit frozen dataclass from a non-frozen one"):
+        record(type("Frozen", (Base,), {"__annotations__": {"c": "int"}, "c": 0}))
+
+
+def test_a_field_called_self_and_the_generated_doc() -> None:
+    stdlib = dataclass(frozen=True)(type("Odd", (), {"__annotations__": {"self": "int", "b": "int"}, "b": 0}))
+    ours = record(type("Odd", (), {"__annotations__": {"self": "int", "b": "int"}, "b": 0}))
+    assert ours(self=1, b=2) == ours(1, 2)
+    assert str(inspect.signature(ours)) == str(inspect.signature(stdlib))
+    assert ours.__doc__ == stdlib.__doc__ == "Odd(self: 'int', b: 'int' = 0)"
+
+
+def test_plain_subclass_of_a_frozen_record_may_add_attributes_but_not_fields() -> None:
+    stdlib, ours = _twins(frozen=True)
+    for base in (stdlib, ours):
+        child = type("Plain", (base,), {})(1)
+        child.extra = 5  # not a field: allowed on a subclass, as with dataclass
+        with pytest.raises(FrozenInstanceError):
+            child.a = 2
+        with pytest.raises(FrozenInstanceError):
+            del child.b
+        del child.extra
