@@ -131,7 +131,8 @@ def _closure_init_fits(cls: type) -> bool:
     every = fields(cls)
     if any(f.kw_only for f in every):
         return False
-    pseudo = [f for name, f in cls.__dataclass_fields__.items() if name not in {g.name for g in every}]  # type: ignore[attr-defined]
+    names = {f.name for f in every}
+    pseudo = [f for name, f in cls.__dataclass_fields__.items() if name not in names]  # type: ignore[attr-defined]
     return not any(_is_init_var(f.type) for f in pseudo)
 
 
