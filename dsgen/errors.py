@@ -10,9 +10,8 @@ tracebacks for user mistakes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import IntEnum
-
-from dsgen.records import record
 
 
 class ExitCode(IntEnum):
@@ -24,7 +23,7 @@ class ExitCode(IntEnum):
     INFEASIBLE = 3  # no plan fits the hardware
 
 
-@record
+@dataclass(frozen=True)
 class Location:
     """Where a value came from: a file and a 1-based line, or a command-line override."""
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dsgen.records import record
+from dataclasses import dataclass
 
 
-@record(fast_init=True)  # one per knob variant and ZeRO++ setting the solver prices
+@dataclass(frozen=True)  # one per knob variant and ZeRO++ setting the solver prices
 class ZeroKnobs:
     """DeepSpeed zero_optimization settings that trade memory for speed (sizes in elements)."""
 
@@ -37,7 +37,7 @@ class ZeroKnobs:
         return "+".join(parts) or "none"
 
 
-@record(fast_init=True)  # one per candidate plan
+@dataclass(frozen=True)  # one per candidate plan
 class Plan:
     """One point of the search space: every choice that changes memory or speed, and nothing else."""
 

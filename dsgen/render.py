@@ -9,20 +9,20 @@ invariant) before anyone can write it to disk.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 from dsgen.errors import DsgenError, ExitCode
 from dsgen.estimate.optimizers import is_client_optimizer
 from dsgen.plan import Plan
-from dsgen.records import record
 from dsgen.resources import template_dir
 from dsgen.spec.types import Spec
 
 TARGET_TEMPLATES = {"deepspeed": "deepspeed.json.j2"}
 
 
-@record
+@dataclass(frozen=True)
 class Rendered:
     """A rendered, validated config: its text (what is written) and parsed form."""
 

@@ -8,7 +8,7 @@ fixed order and ties break toward the simpler plan.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.errors import DsgenError, InfeasibleError
@@ -16,7 +16,6 @@ from dsgen.estimate.memory import HOST_RESERVE, MemoryEstimate, estimate_memory
 from dsgen.estimate.optimizers import is_client_optimizer
 from dsgen.estimate.throughput import StepTime, estimate_step_time
 from dsgen.plan import Plan, ZeroKnobs
-from dsgen.records import record
 from dsgen.spec.types import Spec
 
 GIB = 1 << 30
@@ -26,7 +25,7 @@ OFFLOAD_ORDER = {"none": 0, "cpu": 1, "nvme": 2}
 CHECKPOINTING_ORDER = {"none": 0, "selective": 1, "full": 2}
 
 
-@record(fast_init=True)  # one per candidate plan
+@dataclass(frozen=True)  # one per candidate plan
 class Evaluation:
     """One candidate plan with its predicted memory and step time."""
 
@@ -83,7 +82,7 @@ class Evaluation:
         return "; ".join(problems)
 
 
-@record
+@dataclass(frozen=True)
 class Alternative:
     """The best plan found for one ZeRO stage that was not chosen."""
 
@@ -92,7 +91,7 @@ class Alternative:
     reason: str
 
 
-@record
+@dataclass(frozen=True)
 class SolveResult:
     """Everything one solve found: the chosen plan, every feasible plan ranked, and why others lost."""
 
@@ -200,7 +199,7 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-@record
+@dataclass(frozen=True)
 class BatchTarget:
     """The global batch the plans must meet, and a note when it differs from what was asked."""
 
@@ -303,7 +302,7 @@ def _choices(pinned: object, options: list) -> list:
 OFFLOAD_RATIOS = (1.0, 0.75, 0.5, 0.25)
 
 
-@record(fast_init=True)  # one per searched structure
+@dataclass(frozen=True)  # one per searched structure
 class _Structure:
     """The choices of a plan other than batch split and knob sizes."""
 

@@ -13,11 +13,11 @@ import multiprocessing as mp
 import os
 import re
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dsgen.errors import DsgenError, ExitCode, InfeasibleError
-from dsgen.records import record
 from dsgen.render import Rendered, render
 from dsgen.report import offload_optimizer_ratio
 from dsgen.resources import schema_path
@@ -32,7 +32,7 @@ MANIFEST_JSONL = "manifest.jsonl"
 MANIFEST_CSV = "manifest.csv"
 
 
-@record
+@dataclass(frozen=True)
 class Run:
     """One point of the sweep: its name, the values it varies, and its spec data."""
 
@@ -43,7 +43,7 @@ class Run:
     source: SourceMap
 
 
-@record
+@dataclass(frozen=True)
 class Sweep:
     """An expanded sweep: every run's name and spec, in the order the sweep file defines them."""
 
@@ -53,7 +53,7 @@ class Sweep:
     base_dir: Path
 
 
-@record
+@dataclass(frozen=True)
 class Outcome:
     """What happened to one run: a rendered config, or the reason there is none."""
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dsgen.records import record
+from dataclasses import dataclass
 
 GIB = 1 << 30
 
 
-@record
+@dataclass(frozen=True)
 class GpuSpec:
     """One accelerator model.
 

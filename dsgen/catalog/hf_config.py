@@ -17,13 +17,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.errors import DsgenError, Location
-from dsgen.records import record
 
 _UNSET: Any = object()
 
@@ -86,7 +86,7 @@ class _Config:
 
 
 # ---- gated-MLP decoders (llama and its descendants) ------------------------------------------------
-@record
+@dataclass(frozen=True)
 class _DecoderRules:
     """Where one llama-like family differs: its transformers defaults and hard-coded layout."""
 

@@ -9,11 +9,9 @@ exactly (tests check this against ``transformers`` models built on the meta devi
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from functools import wraps
 from typing import Literal, TypeVar
-
-from dsgen.records import record
 
 _T = TypeVar("_T")
 
@@ -62,7 +60,7 @@ _FUSED_QKV = frozenset({"gpt2", "gpt_neox", "phi3"})
 _FUSED_GATE_UP = frozenset({"phi3"})
 
 
-@record
+@dataclass(frozen=True)
 class ModelShape:
     """Architecture of a dense or mixture-of-experts transformer, as the memory model sees it."""
 

@@ -20,16 +20,16 @@ intermediate size, ``nh`` heads, ``V`` vocabulary, ``s`` sequence length, ``b`` 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 from dsgen.catalog.model_shape import ModelShape
-from dsgen.records import record
 
 FP32 = 4
 INT64 = 8
 
 
-@record(fast_init=True)  # one per candidate plan
+@dataclass(frozen=True)  # one per candidate plan
 class ActivationEstimate:
     """Saved activations for one micro-batch (bytes), split where the solver needs the parts."""
 

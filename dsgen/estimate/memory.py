@@ -9,7 +9,7 @@ docs/memory-model.md documents every term and its source.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.estimate.activations import estimate_activations
@@ -21,7 +21,6 @@ from dsgen.estimate.model_states import (
 )
 from dsgen.estimate.optimizers import flat_state_bytes
 from dsgen.plan import Plan
-from dsgen.records import record
 from dsgen.spec.types import Hardware, Training
 
 GIB = 1 << 30
@@ -34,7 +33,7 @@ HOST_BYTES_PER_RANK = 3 * GIB  # python, torch, DeepSpeed and CUDA host state pe
 HOST_RESERVE = 0.10  # share of host RAM left for the OS, page cache and data loaders
 
 
-@record(fast_init=True)  # one per candidate plan
+@dataclass(frozen=True)  # one per candidate plan
 class GpuMemory:
     """Per-GPU memory of one plan.
 
@@ -90,7 +89,7 @@ class GpuMemory:
         return "forward_backward" if self.forward_backward >= self.optimizer_step else "optimizer_step"
 
 
-@record(fast_init=True)  # one per candidate plan
+@dataclass(frozen=True)  # one per candidate plan
 class HostMemory:
     """Host RAM per node, bytes: what the plan needs, what the node has, and the offload share of it."""
 
@@ -100,7 +99,7 @@ class HostMemory:
     process: int
 
 
-@record(fast_init=True)  # one per candidate plan
+@dataclass(frozen=True)  # one per candidate plan
 class NvmeMemory:
     """NVMe bytes per node the plan writes (ZeRO-Infinity offload) against the drive's capacity."""
 
@@ -108,7 +107,7 @@ class NvmeMemory:
     capacity: int
 
 
-@record(fast_init=True)  # one per candidate plan
+@dataclass(frozen=True)  # one per candidate plan
 class MemoryEstimate:
     """Every memory prediction for one plan: per GPU (worst rank), host and NVMe per node."""
 

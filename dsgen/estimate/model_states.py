@@ -40,6 +40,7 @@ gives. See docs/memory-model.md.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from dataclasses import dataclass
 from functools import lru_cache
 from itertools import accumulate
 from math import prod
@@ -47,7 +48,6 @@ from math import prod
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.estimate.optimizers import flat_state_bytes, state_bytes
 from dsgen.plan import Plan
-from dsgen.records import record
 
 FP32 = 4
 
@@ -171,7 +171,7 @@ def zero12_gradient_buffer(shape: ModelShape, ranks: int) -> int:
     return largest
 
 
-@record
+@dataclass(frozen=True)
 class Zero3Layout:
     """Per-rank element counts of ZeRO-3's partitioning of one model."""
 

@@ -6,11 +6,12 @@ stage, offload and micro-batch, which is what the solver needs. Figures are per 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.estimate.model_states import FP32
 from dsgen.estimate.optimizers import flat_state_bytes
 from dsgen.plan import Plan
-from dsgen.records import record
 from dsgen.spec.types import Hardware, Training
 
 DEFAULT_MFU_MIXED = 0.40  # achievable model FLOPs utilisation for 16-bit training with DeepSpeed
@@ -23,7 +24,7 @@ ZERO3_COMPUTE_OVERHEAD = 1.10  # ZeRO-3 module hooks, partition bookkeeping and 
 COLLECTIVE_LATENCY_S = {"intra": 30e-6, "inter": 100e-6}  # fixed cost of launching one collective
 
 
-@record(fast_init=True)  # one per candidate plan
+@dataclass(frozen=True)  # one per candidate plan
 class StepTime:
     """One optimizer step's predicted wall time, split into what the plan's choices trade against each other."""
 

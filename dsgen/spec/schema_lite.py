@@ -14,10 +14,8 @@ Errors mimic the attributes of ``jsonschema.ValidationError`` that dsgen's messa
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import Any
-
-from dsgen.records import record
 
 SUPPORTED_KEYWORDS = frozenset(
     {
@@ -29,7 +27,7 @@ SUPPORTED_KEYWORDS = frozenset(
 )  # fmt: skip
 
 
-@record(frozen=False)
+@dataclass
 class SchemaError:
     """One schema violation, shaped like ``jsonschema.ValidationError`` so the friendly messages serve both."""
 

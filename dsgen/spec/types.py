@@ -6,16 +6,17 @@ up presets again, which keeps the estimate and solver code pure.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from dsgen.catalog.gpu import GpuSpec
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.errors import Location
-from dsgen.records import record
 from dsgen.spec.yaml_source import locate
 
 GIB = 1 << 30
 
 
-@record
+@dataclass(frozen=True)
 class NvmeSpec:
     """A local NVMe drive DeepSpeed may offload to (ZeRO-Infinity): where it is, how big, how fast."""
 
@@ -28,7 +29,7 @@ class NvmeSpec:
         return int(self.capacity_gib * GIB)
 
 
-@record
+@dataclass(frozen=True)
 class Hardware:
     """The cluster one run gets: a GPU type, how many per node and nodes, host RAM and links."""
 
@@ -49,7 +50,7 @@ class Hardware:
         return int(self.cpu_memory_gib * GIB)
 
 
-@record
+@dataclass(frozen=True)
 class Optimizer:
     """The optimizer the user trains with; its type decides the bytes of state per parameter."""
 
@@ -61,7 +62,7 @@ class Optimizer:
     momentum: float = 0.9
 
 
-@record
+@dataclass(frozen=True)
 class Scheduler:
     """The learning-rate schedule rendered into the config (it does not change memory or speed)."""
 
@@ -70,7 +71,7 @@ class Scheduler:
     total_steps: int = 10000
 
 
-@record
+@dataclass(frozen=True)
 class Training:
     """What one optimizer step is: sequence length, batch, precision, attention kernel, optimizer."""
 
@@ -85,7 +86,7 @@ class Training:
     scheduler: Scheduler = Scheduler()
 
 
-@record
+@dataclass(frozen=True)
 class Constraints:
     """Pins on search dimensions; ``None`` means the solver chooses."""
 
@@ -99,7 +100,7 @@ class Constraints:
     allow_batch_rounding: str = "none"  # none | nearest
 
 
-@record
+@dataclass(frozen=True)
 class Output:
     """Where and in which flavour ``dsgen new`` writes the rendered config."""
 
@@ -107,7 +108,7 @@ class Output:
     path: str = "ds_config.json"
 
 
-@record
+@dataclass(frozen=True)
 class Spec:
     """The whole validated spec with presets resolved: the solver's only input."""
 

@@ -8,14 +8,13 @@ the last one, and (c) only safe scalar types are constructed.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from dsgen.errors import DsgenError, Location
-from dsgen.records import record
 
 KeyPath = tuple[str | int, ...]
 
@@ -25,7 +24,7 @@ except AttributeError:  # pragma: no cover - PyYAML built without libyaml
     _Loader = yaml.SafeLoader
 
 
-@record(frozen=False)
+@dataclass
 class SourceMap:
     """Line numbers of keys in one YAML document, by key path."""
 

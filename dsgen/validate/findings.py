@@ -6,10 +6,8 @@ Both are plain data so every output format (human, JSON, GitHub annotations) and
 
 from __future__ import annotations
 
-from dataclasses import asdict, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
-
-from dsgen.records import record
 
 Severity = Literal["error", "warning"]
 Phase = Literal["config", "engine", "lint"]
@@ -20,7 +18,7 @@ Phase = Literal["config", "engine", "lint"]
 PHASES: tuple[Phase, ...] = ("config", "engine", "lint")
 
 
-@record
+@dataclass(frozen=True)
 class Finding:
     """One problem in a config, located by JSON pointer and (when known) line/column."""
 
@@ -37,7 +35,7 @@ class Finding:
         return asdict(self)
 
 
-@record(frozen=False)
+@dataclass
 class Report:
     """All findings for one config, plus the settings it was checked under."""
 

@@ -17,13 +17,12 @@ from __future__ import annotations
 import json
 import re
 from bisect import bisect_right
-from dataclasses import field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dsgen.errors import DsgenError
 from dsgen.jsontypes import escape_pointer_token
-from dsgen.records import record
 
 Position = tuple[int, int]
 
@@ -51,7 +50,7 @@ class ConfigSyntaxError(DsgenError):
         super().__init__(message, hint=hint)
 
 
-@record
+@dataclass(frozen=True)
 class Duplicate:
     """A key that appears twice in one object: where it is now and where it was first."""
 
@@ -62,7 +61,7 @@ class Duplicate:
     first_column: int
 
 
-@record(frozen=False)
+@dataclass
 class LoadedConfig:
     """The parsed value plus the source positions the validator reports against."""
 

@@ -8,16 +8,16 @@ get a single JSON document for any number of files.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
-from dsgen.records import record
 from dsgen.validate.findings import Finding, Report
 
 FORMATS: tuple[str, ...] = ("human", "json", "github")
 JSON_FORMAT_VERSION = 1
 
 
-@record
+@dataclass(frozen=True)
 class FileResult:
     """What happened to one input file: a report, or the load error (exit code 2)."""
 

@@ -21,12 +21,11 @@ import json
 import math
 import re
 from collections.abc import Iterator
-from dataclasses import field
+from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from typing import Any
 
 from dsgen.jsontypes import escape_pointer_token, json_type
-from dsgen.records import record
 from dsgen.resources import schema_path
 from dsgen.validate.versions import apply_patches, profile
 
@@ -92,7 +91,7 @@ _BOOL_STRINGS = {"0", "1", "true", "false", "yes", "no", "on", "off", "t", "f", 
 _INT_STRING = re.compile(r"\s*[+-]?\d+\s*")
 
 
-@record
+@dataclass(frozen=True)
 class Issue:
     """A schema deviation before it becomes a :class:`~dsgen.validate.findings.Finding`."""
 
@@ -104,7 +103,7 @@ class Issue:
     severity: str = "error"
 
 
-@record
+@dataclass(frozen=True)
 class AutoSite:
     """A literal ``"auto"`` value: whether DeepSpeed itself accepts it there, and how it reads it."""
 
@@ -113,7 +112,7 @@ class AutoSite:
     pydantic: bool  # DeepSpeed's pydantic models drop "auto", i.e. silently use their default
 
 
-@record(frozen=False)
+@dataclass
 class SchemaResult:
     """What the schema pass found in one config: issues, and the places that say ``"auto"``."""
 

@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import field
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
-
-from dsgen.records import record
 
 SUPPORTED: tuple[str, ...] = ("0.14", "0.16", "0.19")
 DEFAULT_VERSION = "0.19"
@@ -158,7 +156,7 @@ _DS_OPTIMIZERS_0_19 = frozenset({"adagrad", "adam", "adamw", "lamb", "muadam", "
 _ONEBIT = frozenset({"onebitadam", "zerooneadam", "onebitlamb"})
 
 
-@record
+@dataclass(frozen=True)
 class Profile:
     """Everything about one DeepSpeed release that the validator needs."""
 

@@ -8,15 +8,14 @@ registered exactly once with its default severity, the phase in which DeepSpeed 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
-
-from dsgen.records import record
 
 if TYPE_CHECKING:
     from dsgen.validate.rules.context import Context
 
 
-@record
+@dataclass(frozen=True)
 class RuleInfo:
     """Metadata of one rule id."""
 
