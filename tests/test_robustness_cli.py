@@ -49,6 +49,7 @@ def test_new_reports_an_os_error_while_writing_and_leaves_nothing(
         raise OSError(errno.EROFS, "Read-only file system", src)
 
     monkeypatch.setattr("dsgen.output.os.replace", read_only)
+    monkeypatch.setattr("dsgen.output.os.link", read_only)  # the exclusive (no --force) final step
     out = tmp_path / "ds.json"
     result = run_cli(["new", str(EXAMPLE), "-o", str(out)], capsys)
     assert result.exit_code == 2
