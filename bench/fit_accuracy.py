@@ -41,6 +41,7 @@ from dsgen.solver import Evaluation  # noqa: E402
 
 GIB = 1 << 30
 VERDICTS = ("fits", "oom", "host_oom")
+HEADROOMS = (0.0, 0.05, 0.10, 0.15, 0.20)
 
 
 def verdict(e: Evaluation) -> str:
@@ -209,15 +210,17 @@ def main(argv: list[str] | None = None) -> int:
     print(header)
     print("-" * len(header))
     misses = []
+    evaluated: list[tuple[dict[str, Any], Evaluation, DsVerdict]] = []
     for case in cases:
         priced = price(case, corpus)
         ds = ds_estimate(case, priced, z2, z3)
+        evaluated.append(({**case, "_params": priced.spec.model.parameter_count()}, priced.run, ds))
         outcome = case["outcome"]
         ok_dsgen = right(outcome, priced.dsgen)
         ok_run = right(outcome, priced.run)
         ok_ds = ds.verdict == outcome
-        for key, ok in (("dsgen", ok_dsgen), ("run", ok_run)):
-            tallies[key][0] += ok
+        for key, is_right in (("dsgen", ok_dsgen), ("run", ok_run)):
+            tallies[key][0] += is_right
             tallies[key][1] += 1
         if ds.verdict != "n/a":
             tallies["ds"][0] += ok_ds
@@ -274,6 +277,51 @@ def main(argv: list[str] | None = None) -> int:
     for key, label in (("dsgen", "dsgen (its own knobs)"), ("run", "dsgen (the run's knobs)")):
         n, m = tallies[key]
         print(f"verdicts right {n}/{m} ({n / m:.0%}) - {label}")
+    print()
+    print("by outcome (run knobs | DeepSpeed estimator):")
+    for kind in VERDICTS:
+        of_kind = [(c, e, d) for c, e, d in evaluated if c["outcome"] == kind]
+        ok = sum(right(kind, e) for _, e, _ in of_kind)
+        with_ds = [d for _, _, d in of_kind if d.verdict != "n/a"]
+        ds_ok = sum(d.verdict == kind for d in with_ds)
+        print(f"  {kind:9} dsgen {ok}/{len(of_kind)} | DeepSpeed estimator {ds_ok}/{len(with_ds)}")
+    print()
+    print("GPU verdicts under a memory_headroom h (a plan 'fits' when predicted <= (1 - h) x capacity; run knobs):")
+    for h in HEADROOMS:
+        ok = wrong_fits = wrong_ooms = 0
+        for case, e, _ in evaluated:
+            fits_gpu = e.memory.gpu.total <= e.usable_gpu_bytes * (1 - h)
+            outcome = case["outcome"]
+            if outcome == "fits":
+                good = fits_gpu and e.fits_cpu
+                wrong_fits += not good
+            elif outcome == "oom":
+                good = not fits_gpu
+                wrong_ooms += not good
+            else:
+                good = not e.fits_cpu
+            ok += good
+        print(
+            f"  h = {h:.2f}: right {ok}/{len(evaluated)} ({ok / len(evaluated):.0%}); "
+            f"runs that fit called oom: {wrong_fits}, runs that ran out of GPU memory called fits: {wrong_ooms}"
+        )
+    print()
+    print("counterfactual, not dsgen: the run-knob prediction plus the optimizer-step temporary (optimizer_temporary):")
+    for h in HEADROOMS:
+        ok = 0
+        for case, e, _ in evaluated:
+            step = e.memory.gpu.optimizer_step + optimizer_temporary(case, e, case["_params"])
+            peak = max(e.memory.gpu.total, step)
+            fits_gpu = peak <= e.usable_gpu_bytes * (1 - h)
+            outcome = case["outcome"]
+            ok += (
+                (fits_gpu and e.fits_cpu)
+                if outcome == "fits"
+                else (not fits_gpu)
+                if outcome == "oom"
+                else not e.fits_cpu
+            )
+        print(f"  h = {h:.2f}: right {ok}/{len(evaluated)} ({ok / len(evaluated):.0%})")
     n, m = tallies["ds"]
     print(
         f"DeepSpeed estimator {n}/{m} ({n / m:.0%}) - {ds_source}; stage-0 cases have no estimator and are not counted"
