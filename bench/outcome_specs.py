@@ -6,9 +6,10 @@ through ``constraints`` (stage, both offloads, checkpointing, micro-batch, accum
 
 * ``dsgen`` - the plan ``solve`` returns, priced with the ZeRO knobs dsgen itself would render;
 * ``run``   - the same plan re-priced (``dsgen.solver.evaluate``) with the knobs the run's own config
-  used, DeepSpeed 0.19.8 defaults filled in where the config leaves them out. dsgen's spec cannot
-  pin knobs (bucket sizes, overlap_comm, live parameters, prefetch, sub_group_size), hence this
-  side door.
+  used, DeepSpeed 0.19.8 defaults filled in where the config leaves them out, and the whole
+  optimizer offloaded where it was (``offload_optimizer.ratio`` 1.0). dsgen's spec cannot pin knobs
+  (bucket sizes, overlap_comm, live parameters, prefetch, sub_group_size) nor the partial-offload
+  share, hence this side door.
 
 ``dsgen.api.load_spec`` takes a path; until it accepts a mapping the spec is written to a
 temporary YAML file first (the documented work-around).
@@ -155,5 +156,7 @@ def price(case: dict[str, Any], corpus: dict[str, Any]) -> Priced:
     result = solve_spec(spec)
     chosen = result.best
     assert chosen is not None, f"{case['id']}: a fully pinned spec always reports its plan"
-    plan = replace(chosen.plan, knobs=run_knobs(case, corpus, spec.model))
+    # The run offloaded its whole optimizer (DeepSpeed's default offload_optimizer.ratio is 1.0); the
+    # solver may have picked a partial-offload share for ZeRO-3, which constraints cannot pin.
+    plan = replace(chosen.plan, knobs=run_knobs(case, corpus, spec.model), offload_ratio=1.0)
     return Priced(spec=spec, dsgen=chosen, run=evaluate(spec, plan))
