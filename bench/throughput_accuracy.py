@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     header = (
         f"{'run':40} {'measured':>10} {'unit':16} | {'dsgen':>10} {'ratio':>6} | {'run knobs':>10} {'ratio':>6} | "
-        f"{'step s':>7} {'MFU':>5} {'exposed':>7} {'offload':>7}"
+        f"{'step s':>7} {'tok/s':>8} {'MFU':>5} {'exposed':>7} {'offload':>7}"
     )
     print(header)
     print("-" * len(header))
@@ -84,10 +84,16 @@ def main(argv: list[str] | None = None) -> int:
         pred = {"dsgen": in_unit(priced.dsgen, case), "run": in_unit(priced.run, case)}
         predicted[case_id] = pred
         e = priced.run
+        relative = case["measured"]["unit"] == "per_runtime"  # 1 / runtime of a workload: only ratios mean anything
+
+        def ratio(x: float) -> str:
+            return f"{'-':>6}" if relative else f"{x / value:6.2f}"
+
         implied_mfu = mfu(e, case, priced.spec.hardware.gpu.peak_tflops(e.plan.precision) * 1e12)
         print(
             f"{case_id[:40]:40} {value:10.4g} {case['measured']['unit']:16} | {pred['dsgen']:10.4g} "
-            f"{pred['dsgen'] / value:6.2f} | {pred['run']:10.4g} {pred['run'] / value:6.2f} | {e.step.total_s:7.2f} "
+            f"{ratio(pred['dsgen'])} | {pred['run']:10.4g} {ratio(pred['run'])} | {e.step.total_s:7.2f} "
+            f"{e.tokens_per_s:8.0f} "
             f"{implied_mfu:5.2f} {e.step.exposed_comm_s:7.2f} {e.step.offload_s:7.2f}"
         )
         tokens = measured_tokens_per_s(case)
