@@ -58,6 +58,11 @@ def measured_tokens_per_s(case: dict[str, Any]) -> float | None:
     return None
 
 
+def ratio_text(predicted: float, measured: float, relative: bool) -> str:
+    """predicted/measured, or a dash where the unit is relative (1 / runtime of some workload)."""
+    return f"{'-':>6}" if relative else f"{predicted / measured:6.2f}"
+
+
 def mfu(e: Evaluation, case: dict[str, Any], gpu_peak_flops: float) -> float:
     world = case["gpus_per_node"] * case["nodes"]
     return e.step.model_flops / e.step.total_s / world / gpu_peak_flops
@@ -85,14 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         predicted[case_id] = pred
         e = priced.run
         relative = case["measured"]["unit"] == "per_runtime"  # 1 / runtime of a workload: only ratios mean anything
-
-        def ratio(x: float) -> str:
-            return f"{'-':>6}" if relative else f"{x / value:6.2f}"
-
         implied_mfu = mfu(e, case, priced.spec.hardware.gpu.peak_tflops(e.plan.precision) * 1e12)
         print(
             f"{case_id[:40]:40} {value:10.4g} {case['measured']['unit']:16} | {pred['dsgen']:10.4g} "
-            f"{ratio(pred['dsgen'])} | {pred['run']:10.4g} {ratio(pred['run'])} | {e.step.total_s:7.2f} "
+            f"{ratio_text(pred['dsgen'], value, relative)} | {pred['run']:10.4g} {ratio_text(pred['run'], value, relative)} | {e.step.total_s:7.2f} "
             f"{e.tokens_per_s:8.0f} "
             f"{implied_mfu:5.2f} {e.step.exposed_comm_s:7.2f} {e.step.offload_s:7.2f}"
         )
