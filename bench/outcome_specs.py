@@ -1,0 +1,162 @@
+"""Turn a published run (bench/data/*_outcomes.yaml) into a fully pinned dsgen spec and price it.
+
+Shared by bench/fit_accuracy.py and bench/throughput_accuracy.py. Every search dimension is pinned
+through ``constraints`` (stage, both offloads, checkpointing, micro-batch, accumulation) and
+``memory_headroom`` is 0, so ``solve`` reports exactly the plan that ran. Two pricings per run:
+
+* ``dsgen`` - the plan ``solve`` returns, priced with the ZeRO knobs dsgen itself would render;
+* ``run``   - the same plan re-priced (``dsgen.solver.evaluate``) with the knobs the run's own config
+  used, DeepSpeed 0.19.8 defaults filled in where the config leaves them out, and the whole
+  optimizer offloaded where it was (``offload_optimizer.ratio`` 1.0). dsgen's spec cannot pin knobs
+  (bucket sizes, overlap_comm, live parameters, prefetch, sub_group_size) nor the partial-offload
+  share, hence this side door.
+
+``dsgen.api.load_spec`` takes a path; until it accepts a mapping the spec is written to a
+temporary YAML file first (the documented work-around).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dsgen.api import load_spec, solve_spec
+from dsgen.catalog.model_shape import ModelShape
+from dsgen.plan import ZeroKnobs
+from dsgen.solver import Evaluation, evaluate
+from dsgen.spec.types import Spec
+
+DATA = Path(__file__).resolve().parent / "data"
+UNKNOWN_HOST_GIB = 512.0  # dsgen's default host RAM, used where a source does not state it
+
+# DeepSpeed 0.19.8 zero_optimization defaults (deepspeed/runtime/zero/config.py), in elements
+DS_DEFAULTS: dict[str, float] = {
+    "reduce_bucket_size": 5e8,
+    "allgather_bucket_size": 5e8,
+    "prefetch_bucket_size": 5e7,
+    "param_persistence_threshold": 1e5,
+    "max_live_parameters": 1e9,
+    "max_reuse_distance": 1e9,
+    "sub_group_size": 1e9,
+}
+
+
+def load_corpus(name: str) -> dict[str, Any]:
+    """The parsed corpus file ``bench/data/<name>.yaml``."""
+    with open(DATA / f"{name}.yaml", encoding="utf-8") as handle:
+        data: dict[str, Any] = yaml.safe_load(handle)
+    return data
+
+
+def spec_mapping(case: dict[str, Any], corpus: dict[str, Any]) -> dict[str, Any]:
+    """The dsgen spec (as a mapping) that pins every search dimension to what the run used."""
+    model = case["model"]
+    model_block: dict[str, Any] = (
+        {"preset": model["preset"]} if "preset" in model else {"architecture": dict(corpus["models"][model["arch"]])}
+    )
+    gpu = case["gpu"]
+    gpu_block: Any = dict(corpus["gpus"][gpu]) if gpu in corpus.get("gpus", {}) else gpu
+    world = case["gpus_per_node"] * case["nodes"]
+    stage = case["zero_stage"]
+    host = case.get("host_ram_gib") or UNKNOWN_HOST_GIB
+    return {
+        "model": model_block,
+        "hardware": {
+            "gpu": gpu_block,
+            "gpus_per_node": case["gpus_per_node"],
+            "nodes": case["nodes"],
+            "cpu_memory_gib": host,
+            **(
+                {"inter_node_bandwidth_gbps": case["inter_node_bandwidth_gbps"]}
+                if "inter_node_bandwidth_gbps" in case
+                else {}
+            ),
+        },
+        "training": {
+            "sequence_length": case["sequence_length"],
+            "global_batch_size": case["micro_batch"] * case["grad_accum"] * world,
+            "precision": case["precision"],
+            "attention": case["attention"],
+            "optimizer": {"type": case["optimizer"]},
+        },
+        "constraints": {
+            "zero_stage": stage,
+            "offload_optimizer": case["offload_optimizer"] if stage > 0 else "none",
+            "offload_param": case["offload_param"] if stage == 3 else "none",
+            "activation_checkpointing": case["activation_checkpointing"],
+            "micro_batch_size": case["micro_batch"],
+            "gradient_accumulation_steps": case["grad_accum"],
+            "memory_headroom": 0,
+        },
+    }
+
+
+def build_spec(mapping: dict[str, Any]) -> Spec:
+    """``dsgen.api.load_spec`` on the mapping (through a temporary YAML file)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "spec.yaml"
+        path.write_text(yaml.safe_dump(mapping, sort_keys=False), encoding="utf-8")
+        return load_spec(path)
+
+
+def _knob_value(value: Any, key: str, shape: ModelShape) -> float:
+    """A config value in elements: 'auto' is what the HF Trainer fills in, 'default' DeepSpeed's."""
+    h = shape.hidden_size
+    if value == "auto":
+        return {
+            "reduce_bucket_size": h * h,
+            "prefetch_bucket_size": 0.9 * h * h,
+            "param_persistence_threshold": 10 * h,
+        }[key]
+    if value in (None, "default"):
+        return DS_DEFAULTS[key]
+    if key in ("max_live_parameters", "sub_group_size") and value == 0:
+        return 0  # axolotl writes 0: DeepSpeed then holds no live set beyond the module in use
+    return float(value)
+
+
+def run_knobs(case: dict[str, Any], corpus: dict[str, Any], shape: ModelShape) -> ZeroKnobs:
+    """The ZeroKnobs of the run's own config, DeepSpeed's defaults where it says nothing."""
+    given: dict[str, Any] = (
+        dict(corpus["knobs"][case["knobs_ref"]]) if "knobs_ref" in case else dict(case.get("knobs", {}))
+    )
+    stage = case["zero_stage"]
+    overlap = given.get("overlap_comm", "default")
+    # DeepSpeed 0.19.8: overlap_comm defaults to True for stage 3 and False otherwise (zero/config.py)
+    overlap_comm = (stage == 3) if overlap in (None, "default") else bool(overlap)
+    values = {key: _knob_value(given.get(key, "default"), key, shape) for key in DS_DEFAULTS}
+    return ZeroKnobs(
+        reduce_bucket_size=int(values["reduce_bucket_size"]),
+        allgather_bucket_size=int(values["allgather_bucket_size"]),
+        overlap_comm=overlap_comm,
+        prefetch_bucket_size=int(values["prefetch_bucket_size"]),
+        param_persistence_threshold=int(values["param_persistence_threshold"]),
+        max_live_parameters=int(values["max_live_parameters"]),
+        max_reuse_distance=int(values["max_reuse_distance"]),
+        sub_group_size=int(values["sub_group_size"]) or 1,
+    )
+
+
+@dataclass(frozen=True)
+class Priced:
+    """One published run priced by dsgen: with dsgen's own knobs and with the run's knobs."""
+
+    spec: Spec
+    dsgen: Evaluation
+    run: Evaluation
+
+
+def price(case: dict[str, Any], corpus: dict[str, Any]) -> Priced:
+    """Solve the pinned spec of ``case`` and re-price its plan with the run's own knobs."""
+    spec = build_spec(spec_mapping(case, corpus))
+    result = solve_spec(spec)
+    chosen = result.best
+    assert chosen is not None, f"{case['id']}: a fully pinned spec always reports its plan"
+    # The run offloaded its whole optimizer (DeepSpeed's default offload_optimizer.ratio is 1.0); the
+    # solver may have picked a partial-offload share for ZeRO-3, which constraints cannot pin.
+    plan = replace(chosen.plan, knobs=run_knobs(case, corpus, spec.model), offload_ratio=1.0)
+    return Priced(spec=spec, dsgen=chosen, run=evaluate(spec, plan))

@@ -1,0 +1,154 @@
+"""The published-outcome corpora (bench/data/*_outcomes.yaml) stay sourced, complete and loadable.
+
+bench/fit_accuracy.py and bench/throughput_accuracy.py score dsgen against these files; a case
+without a source, with a field the bench cannot read, or that no longer loads as a dsgen spec would
+silently drop out of (or break) those figures. Groups must vary the knobs they say they vary, or
+their pair-order count means something else.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+RUN_FIELDS = (
+    "model",
+    "gpu",
+    "gpus_per_node",
+    "nodes",
+    "sequence_length",
+    "micro_batch",
+    "grad_accum",
+    "precision",
+    "zero_stage",
+    "offload_optimizer",
+    "offload_param",
+    "activation_checkpointing",
+    "optimizer",
+    "attention",
+)
+
+
+def _outcome_specs() -> ModuleType:
+    name = "dsgen_bench_outcome_specs"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "bench" / "outcome_specs.py")
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+@pytest.fixture(scope="module")
+def specs() -> ModuleType:
+    return _outcome_specs()
+
+
+@pytest.fixture(scope="module", params=["fit_outcomes", "throughput_outcomes"])
+def corpus(request: pytest.FixtureRequest, specs: ModuleType) -> dict[str, Any]:
+    data: dict[str, Any] = specs.load_corpus(request.param)
+    data["_name"] = request.param
+    return data
+
+
+def test_corpus_sizes(specs: ModuleType) -> None:
+    fit = specs.load_corpus("fit_outcomes")["cases"]
+    throughput = specs.load_corpus("throughput_outcomes")
+    assert len(fit) >= 40
+    assert {c["outcome"] for c in fit} == {"fits", "oom", "host_oom"}
+    assert len(throughput["cases"]) >= 20
+    assert sum(len(g["varies"]) == 1 for g in throughput["groups"].values()) >= 10
+
+
+def test_every_case_is_sourced_and_complete(corpus: dict[str, Any]) -> None:
+    ids = [c["id"] for c in corpus["cases"]]
+    assert len(ids) == len(set(ids)), "case ids must be unique"
+    for case in corpus["cases"]:
+        where = f"{corpus['_name']}: {case['id']}"
+        assert str(case["source"]).startswith("https://"), where
+        assert case["quote"].strip(), where
+        assert isinstance(case.get("assumed", []), list), where
+        for field in RUN_FIELDS:
+            assert field in case, f"{where}: {field} missing"
+        model = case["model"]
+        assert ("preset" in model) != ("arch" in model), where
+        if "arch" in model:
+            assert model["arch"] in corpus["models"], where
+        assert ("knobs_ref" in case) != ("knobs" in case), f"{where}: exactly one of knobs_ref / knobs"
+        if "knobs_ref" in case:
+            assert case["knobs_ref"] in corpus["knobs"], where
+        if corpus["_name"] == "fit_outcomes":
+            assert case["outcome"] in ("fits", "oom", "host_oom"), where
+        else:
+            assert case["measured"]["value"] > 0, where
+            assert case["measured"]["unit"] in ("tokens_per_s", "samples_per_s", "iterations_per_s", "per_runtime")
+
+
+def test_every_case_loads_as_a_fully_pinned_spec(corpus: dict[str, Any], specs: ModuleType) -> None:
+    for case in corpus["cases"]:
+        spec = specs.build_spec(specs.spec_mapping(case, corpus))
+        c = spec.constraints
+        assert c.zero_stage == case["zero_stage"], case["id"]
+        assert c.micro_batch_size == case["micro_batch"], case["id"]
+        assert c.gradient_accumulation_steps == case["grad_accum"], case["id"]
+        assert c.activation_checkpointing is not None, case["id"]
+        assert c.memory_headroom == 0, case["id"]
+        assert spec.hardware.world_size == case["gpus_per_node"] * case["nodes"], case["id"]
+
+
+def test_groups_vary_only_what_they_declare(specs: ModuleType) -> None:
+    data = specs.load_corpus("throughput_outcomes")
+    cases = {c["id"]: c for c in data["cases"]}
+    for name, group in data["groups"].items():
+        members = [cases[i] for i in group["cases"]]  # KeyError names a missing case
+        assert len(members) >= 2, name
+        varying = {f for f in RUN_FIELDS if len({repr(m[f]) for m in members}) > 1}
+        declared = set(group["varies"])
+        # accumulation follows the micro-batch where the global batch is held fixed
+        if "micro_batch" in declared and len({m["micro_batch"] * m["grad_accum"] for m in members}) == 1:
+            varying.discard("grad_accum")
+        assert varying == declared, f"{name}: declares {sorted(declared)}, varies {sorted(varying)}"
+
+
+def test_run_knobs_fill_auto_and_default_as_hf_and_deepspeed_do(specs: ModuleType) -> None:
+    # hand-computed for hidden 4096 (Llama-2-7B): HF "auto" = h^2, 0.9 h^2, 10 h; DeepSpeed 0.19.8
+    # defaults = 5e8-element buckets, 5e7 prefetch, 1e5 persistence, 1e9 live / sub-group, and
+    # overlap_comm on for stage 3 only
+    corpus = {
+        "knobs": {
+            "auto": {
+                "reduce_bucket_size": "auto",
+                "prefetch_bucket_size": "auto",
+                "param_persistence_threshold": "auto",
+            }
+        }
+    }
+    spec = specs.build_spec(
+        {
+            "model": {"preset": "llama-2-7b"},
+            "hardware": {"gpu": "a100-80gb", "gpus_per_node": 8},
+            "training": {"sequence_length": 512, "global_batch_size": 8},
+        }
+    )
+    z3 = specs.run_knobs({"zero_stage": 3, "knobs_ref": "auto"}, corpus, spec.model)
+    assert (z3.reduce_bucket_size, z3.prefetch_bucket_size, z3.param_persistence_threshold) == (
+        16777216,
+        15099494,
+        40960,
+    )
+    assert (z3.allgather_bucket_size, z3.max_live_parameters, z3.sub_group_size) == (500000000, 1000000000, 1000000000)
+    assert z3.overlap_comm is True
+    z2 = specs.run_knobs({"zero_stage": 2, "knobs": {}}, corpus, spec.model)
+    assert (z2.reduce_bucket_size, z2.prefetch_bucket_size, z2.param_persistence_threshold) == (
+        500000000,
+        50000000,
+        100000,
+    )
+    assert z2.overlap_comm is False
