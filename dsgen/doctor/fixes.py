@@ -1,0 +1,197 @@
+"""Fixes for a config that does not fit: sets of key changes, each priced by the solver's models.
+
+Levers (docs/doctor.md): a smaller micro-batch with more accumulation (same global batch),
+activation checkpointing (a change to the training script, not the config), smaller buckets or
+fewer live ZeRO-3 parameters, a higher ZeRO stage, CPU offload of optimizer states (then of
+parameters), NVMe offload when the spec declares a drive. Every combination of one structural
+lever, checkpointing and a micro-batch split is priced with :func:`dsgen.solver.evaluate`;
+the feasible ones are ranked by predicted step time, fewer changes first on ties.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from dsgen.doctor.keys import MISSING, get, is_auto, with_changes
+from dsgen.plan import Plan
+from dsgen.solver import Evaluation
+from dsgen.spec.types import Spec
+
+SMALL_BUCKET = 50_000_000  # DeepSpeed's own stage-3 prefetch default; HF's floor for "auto" buckets is 1e7
+LEAN_LIVE_PARAMETERS = 100_000_000
+LEAN_PREFETCH = 10_000_000
+
+
+@dataclass(frozen=True)
+class Lever:
+    """One structural change: the plan it leads to and the config keys it sets."""
+
+    label: str
+    plan: Plan
+    changes: tuple[tuple[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class Fix:
+    """A priced fix: the config keys it changes, what the script must change, the whole config."""
+
+    label: str
+    changes: tuple[tuple[str, Any], ...]
+    script_changes: tuple[str, ...]
+    evaluation: Evaluation
+    config: dict[str, Any]
+
+
+def _levers(plan: Plan, spec: Spec) -> Iterator[Lever]:
+    yield Lever("keep ZeRO settings", plan, ())
+    k = plan.knobs
+    stage = plan.zero_stage
+    if stage in (1, 2, 3) and (k.reduce_bucket_size > SMALL_BUCKET or (stage == 2 and k.overlap_comm)):
+        small = min(k.reduce_bucket_size, SMALL_BUCKET)
+        changes: list[tuple[str, Any]] = [("zero_optimization.reduce_bucket_size", small)]
+        knobs = replace(k, reduce_bucket_size=small)
+        if stage < 3:
+            changes.append(("zero_optimization.allgather_bucket_size", small))
+            knobs = replace(knobs, allgather_bucket_size=small)
+        if stage == 2 and k.overlap_comm:
+            changes.append(("zero_optimization.overlap_comm", False))
+            knobs = replace(knobs, overlap_comm=False)
+        yield Lever("smaller communication buckets", replace(plan, knobs=knobs), tuple(changes))
+    if stage == 3 and (k.max_live_parameters > LEAN_LIVE_PARAMETERS or k.prefetch_bucket_size > LEAN_PREFETCH):
+        knobs = replace(
+            k,
+            max_live_parameters=min(k.max_live_parameters, LEAN_LIVE_PARAMETERS),
+            prefetch_bucket_size=min(k.prefetch_bucket_size, LEAN_PREFETCH),
+            reduce_bucket_size=min(k.reduce_bucket_size, SMALL_BUCKET),
+        )
+        yield Lever(
+            "fewer live ZeRO-3 parameters",
+            replace(plan, knobs=knobs),
+            (
+                ("zero_optimization.stage3_max_live_parameters", knobs.max_live_parameters),
+                ("zero_optimization.stage3_prefetch_bucket_size", knobs.prefetch_bucket_size),
+                ("zero_optimization.reduce_bucket_size", knobs.reduce_bucket_size),
+            ),
+        )
+    for higher in range(max(stage + 1, 2), 4):
+        # DeepSpeed's overlap_comm default follows the stage (overlap_comm_valid) unless the config sets it
+        yield Lever(f"ZeRO stage {higher}", replace(plan, zero_stage=higher), (("zero_optimization.stage", higher),))
+    targets = ["cpu"] + (["nvme"] if spec.hardware.nvme is not None else [])
+    for higher in range(max(stage, 2), 4):
+        stage_change: tuple[tuple[str, Any], ...] = (("zero_optimization.stage", higher),) if higher != stage else ()
+        if plan.offload_optimizer == "none" or plan.offload_ratio < 1:
+            yield Lever(
+                f"ZeRO-{higher} + CPU optimizer offload",
+                replace(plan, zero_stage=higher, offload_optimizer="cpu", offload_ratio=1.0),
+                stage_change + _offload_changes("offload_optimizer", "cpu", spec),
+            )
+        if higher == 3 and plan.offload_param == "none":
+            for device in targets:
+                yield Lever(
+                    f"ZeRO-3 + {device.upper()} optimizer and parameter offload",
+                    replace(plan, zero_stage=3, offload_optimizer=device, offload_param=device, offload_ratio=1.0),
+                    stage_change
+                    + _offload_changes("offload_optimizer", device, spec)
+                    + _offload_changes("offload_param", device, spec),
+                )
+
+
+def _offload_changes(block: str, device: str, spec: Spec) -> tuple[tuple[str, Any], ...]:
+    changes: list[tuple[str, Any]] = [(f"zero_optimization.{block}.device", device)]
+    if device == "nvme":
+        assert spec.hardware.nvme is not None
+        changes.append((f"zero_optimization.{block}.nvme_path", spec.hardware.nvme.path))
+    changes.append((f"zero_optimization.{block}.pin_memory", True))
+    return tuple(changes)
+
+
+def _divisors_below(n: int) -> list[int]:
+    return [d for d in range(n, 0, -1) if n % d == 0]
+
+
+def batch_changes(
+    config: Mapping[str, Any], micro: int, accum: int
+) -> tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]:
+    """Config keys (or Trainer flags, where the config says "auto") that set micro-batch and
+    accumulation; train_batch_size stays as it is, because the global batch does not change."""
+    changes: list[tuple[str, Any]] = []
+    script: list[str] = []
+    micro_value = config.get("train_micro_batch_size_per_gpu")
+    accum_value = config.get("gradient_accumulation_steps")
+    if is_auto(micro_value):
+        script.append(f"pass --per_device_train_batch_size {micro} to the Trainer")
+    else:
+        changes.append(("train_micro_batch_size_per_gpu", micro))
+    if is_auto(accum_value):
+        script.append(f"pass --gradient_accumulation_steps {accum} to the Trainer")
+    elif "gradient_accumulation_steps" in config or not isinstance(config.get("train_batch_size"), int):
+        changes.append(("gradient_accumulation_steps", accum))
+    return tuple(changes), tuple(script)
+
+
+CHECKPOINTING_SCRIPT = (
+    "enable activation checkpointing in the training script "
+    "(model.gradient_checkpointing_enable(), or --gradient_checkpointing with the HF Trainer)"
+)
+
+
+def find_fixes(
+    config: Mapping[str, Any],
+    plan: Plan,
+    spec: Spec,
+    evaluate: Callable[[Plan], Evaluation],
+    accept: Callable[[dict[str, Any]], bool],
+    limit: int = 6,
+) -> list[Fix]:
+    """The ``limit`` fastest feasible fixes for ``plan``; ``accept`` vets each fixed config
+    (validation), ``evaluate`` prices a plan. Deterministic: levers and splits in fixed order."""
+    found: list[tuple[tuple[float, int, int], Fix]] = []
+    per_rank = plan.micro_batch_size * plan.gradient_accumulation_steps
+    checkpointing_modes = [plan.checkpointing] + (["full"] if plan.checkpointing != "full" else [])
+    for order, lever in enumerate(_levers(plan, spec)):
+        for mode in checkpointing_modes:
+            for micro in _divisors_below(plan.micro_batch_size):
+                if lever.changes == () and mode == plan.checkpointing and micro == plan.micro_batch_size:
+                    continue  # that is the config as it is
+                candidate = replace(
+                    lever.plan,
+                    checkpointing=mode,
+                    micro_batch_size=micro,
+                    gradient_accumulation_steps=per_rank // micro,
+                )
+                evaluation = evaluate(candidate)
+                if not evaluation.feasible:
+                    continue
+                changes = tuple((key, value) for key, value in lever.changes if get(config, key) != value)
+                script: tuple[str, ...] = ()
+                if micro != plan.micro_batch_size:
+                    extra, script = batch_changes(config, micro, per_rank // micro)
+                    changes = changes + extra
+                if mode != plan.checkpointing:
+                    script = (CHECKPOINTING_SCRIPT, *script)
+                fixed = with_changes(config, dict(changes))
+                if not accept(fixed):
+                    break
+                label = _label(lever.label, mode != plan.checkpointing, micro, per_rank // micro, plan)
+                fix = Fix(label, changes, script, evaluation, fixed)
+                found.append(((round(evaluation.step.total_s, 9), len(changes) + len(script), order), fix))
+                break  # the largest feasible micro-batch of this lever is its fastest
+    found.sort(key=lambda item: item[0])
+    return [fix for _key, fix in found[:limit]]
+
+
+def _label(lever: str, checkpointing: bool, micro: int, accum: int, plan: Plan) -> str:
+    parts = [] if lever == "keep ZeRO settings" else [lever]
+    if checkpointing:
+        parts.append("activation checkpointing")
+    if micro != plan.micro_batch_size:
+        parts.append(f"micro-batch {micro} x accumulation {accum}")
+    return " + ".join(parts) or lever
+
+
+def current_value(config: Mapping[str, Any], key: str) -> Any:
+    """The user's current value of ``key`` (None when unset), for showing a change as old -> new."""
+    value = get(config, key)
+    return None if value is MISSING else value
