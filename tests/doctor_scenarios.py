@@ -31,7 +31,9 @@ def load_scenario(path: Path, corpus: Path) -> tuple[dict[str, Any], dict[str, A
     return fixture, config, spec
 
 
-def trainer_resolved(config: dict[str, Any], trainer_args: dict[str, Any] | None, world_size: int, hidden_size: int) -> dict[str, Any]:
+def trainer_resolved(
+    config: dict[str, Any], trainer_args: dict[str, Any] | None, world_size: int, hidden_size: int
+) -> dict[str, Any]:
     """The config after transformers' HfTrainerDeepSpeedConfig process+finalize (what DeepSpeed gets)."""
     from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
 

@@ -44,7 +44,13 @@ def test_there_are_enough_scenarios() -> None:
 def test_scenario_outcome(path: Path, corpus_dir: Path) -> None:
     fixture, config, spec = load_scenario(path, corpus_dir)
     assert fixture["source"].startswith("https://")
-    d = diagnose(config, spec, world_size=fixture.get("world_size"), trainer_args=fixture.get("training_args"), error_text=fixture.get("error"))
+    d = diagnose(
+        config,
+        spec,
+        world_size=fixture.get("world_size"),
+        trainer_args=fixture.get("training_args"),
+        error_text=fixture.get("error"),
+    )
     assert d.verdict == fixture["outcome"], [f.message for f in d.findings]
     if fixture["outcome"] == "oom":
         assert d.dominant is not None and d.dominant.term in fixture["terms"], d.dominant
@@ -94,9 +100,13 @@ def test_every_fix_is_accepted_by_deepspeed_and_keeps_the_batch(path: Path, corp
         for change in fix.script_changes:
             words = change.split()
             if "--per_device_train_batch_size" in words:
-                trainer_args["per_device_train_batch_size"] = int(words[words.index("--per_device_train_batch_size") + 1])
+                trainer_args["per_device_train_batch_size"] = int(
+                    words[words.index("--per_device_train_batch_size") + 1]
+                )
             if "--gradient_accumulation_steps" in words:
-                trainer_args["gradient_accumulation_steps"] = int(words[words.index("--gradient_accumulation_steps") + 1])
+                trainer_args["gradient_accumulation_steps"] = int(
+                    words[words.index("--gradient_accumulation_steps") + 1]
+                )
         # without Trainer arguments the run did not go through the HF Trainer (e.g. OpenRLHF)
         resolved = trainer_resolved(fix.config, trainer_args, world, spec.model.hidden_size) if args else fix.config
         assert validate_config(resolved, world_size=world).ok

@@ -52,20 +52,13 @@ def doctor(
     written = None
     if fix:
         assert output is not None
-        if not diagnosis.fixes:
-            raise DsgenError(
-                "no fix to write: "
-                + (
-                    "the config is predicted to fit as it is"
-                    if code == ExitCode.OK
-                    else "no fix within the config's levers fits"
-                ),
-                exit_code=ExitCode.OK if code == ExitCode.OK else ExitCode.INFEASIBLE,
-            )
-        best = diagnosis.fixes[0]
-        write_atomic(output, json.dumps(best.config, indent=2) + "\n", force=force)
-        written = best
-        code = ExitCode.OK
+        if diagnosis.fixes:
+            best = diagnosis.fixes[0]
+            write_atomic(output, json.dumps(best.config, indent=2) + "\n", force=force)
+            written = best
+            code = ExitCode.OK
+        elif code != ExitCode.OK:
+            raise DsgenError("no fix within the config's levers fits; nothing written", exit_code=code)
     if as_json:
         body = diagnosis_dict(diagnosis)
         if written is not None:
@@ -73,6 +66,8 @@ def doctor(
         typer.echo(json.dumps(body, indent=2))
     else:
         typer.echo(human(diagnosis))
+        if fix and written is None:
+            typer.echo("\nnothing to fix: the config is predicted to fit; nothing written")
         if written is not None:
             typer.echo(f"\nwrote {output}: {written.label}")
             if written.script_changes:

@@ -74,6 +74,9 @@ def parse_oom(text: str) -> OomMessage:
         unallocated = _find(_SIZE + r" is reserved by PyTorch but unallocated", flat)
         in_use = _find(r"this process has " + _SIZE + r" memory in use", flat)
         return OomMessage("current", tried, gpu_index, capacity, free, allocated, unallocated, in_use)
+    if "already allocated" not in flat and not re.search(r"total capacity;", flat):
+        # the current wording cut after its first sentence (quoted in a bug report, say)
+        return OomMessage("current", tried, gpu_index, None, None, None, None, None)
     capacity = _find(_SIZE + r" total capacity", flat)
     allocated = _find(_SIZE + r" already allocated", flat)
     free = _find(_SIZE + r" free", flat)
