@@ -71,25 +71,26 @@ class Batch:
 
 def derive(config: Mapping[str, Any], parallel: Parallel) -> Batch:
     """Replay ``_set_batch_related_parameters`` and ``_batch_assertion`` on concrete values."""
-    tb = _int(config.get("train_batch_size"))
-    mb = _int(config.get("train_micro_batch_size_per_gpu"))
-    ga = _int(config.get("gradient_accumulation_steps"))
+    tb: int | float | None = _int(config.get("train_batch_size"))
+    mb: int | float | None = _int(config.get("train_micro_batch_size_per_gpu"))
+    ga: int | float | None = _int(config.get("gradient_accumulation_steps"))
     world = parallel.batch_world
+    # DeepSpeed's own arithmetic: floor divisions that stay floats when the world size is one
     if tb is not None and mb is not None and ga is None:
-        ga = int(tb // mb // world)
+        ga = tb // mb // world
     elif tb is not None and ga is not None and mb is None:
-        mb = int(tb // world // ga)
+        mb = tb // world // ga
     elif mb is not None and ga is not None and tb is None:
-        tb = int(mb * ga * world)
+        tb = mb * ga * world
     elif tb is not None and mb is None and ga is None:
-        ga, mb = 1, int(tb // world)
+        ga, mb = 1, tb // world
     elif mb is not None and tb is None and ga is None:
-        tb, ga = int(mb * world), 1
+        tb, ga = mb * world, 1
     elif tb is None and mb is None:
         return Batch(
             None,
             None,
-            ga,
+            None if ga is None else int(ga),
             world,
             error="Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided",
         )
@@ -107,9 +108,10 @@ def derive(config: Mapping[str, Any], parallel: Parallel) -> Batch:
             "Check batch related parameters. train_batch_size is not equal to micro_batch_per_gpu * "
             f"gradient_acc_step * world_size {tb} != {mb} * {ga} * {world}"
         )
+    as_ints = (int(tb), int(mb), int(ga))
     if problems:
-        return Batch(tb, mb, ga, world, error=problems[0], consistent=tuple(_consistent(tb, mb, ga, world)))
-    return Batch(tb, mb, ga, world)
+        return Batch(*as_ints, world, error=problems[0], consistent=tuple(_consistent(*as_ints, world)))
+    return Batch(*as_ints, world)
 
 
 def _consistent(tb: int, mb: int, ga: int, world: int | float) -> list[dict[str, int]]:
@@ -137,8 +139,22 @@ def _consistent(tb: int, mb: int, ga: int, world: int | float) -> list[dict[str,
                     "gradient_accumulation_steps": ga,
                 }
             )
+    if mb <= 0 or ga <= 0:
+        mb, ga = max(mb, 1), max(ga, 1)
+        if tb % (w * mb) == 0 and tb > 0:
+            options.append(
+                {
+                    "train_batch_size": tb,
+                    "train_micro_batch_size_per_gpu": mb,
+                    "gradient_accumulation_steps": tb // (w * mb),
+                }
+            )
     if mb > 0 and ga > 0:
         options.append(
             {"train_batch_size": mb * ga * w, "train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": ga}
         )
-    return options
+    unique: list[dict[str, int]] = []
+    for option in options:
+        if option not in unique:
+            unique.append(option)
+    return unique

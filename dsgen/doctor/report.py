@@ -155,8 +155,8 @@ def human(d: Diagnosis) -> str:
     if d.resolved.fills:
         lines.append("")
         lines.append('"auto" values:')
-        for f in d.resolved.fills:
-            lines.append(f"  {f.key} = {f.value}  ({f.source}{', assumed' if f.assumed else ''})")
+        for fill in d.resolved.fills:
+            lines.append(f"  {fill.key} = {fill.value}  ({fill.source}{', assumed' if fill.assumed else ''})")
     if d.findings:
         lines.append("")
         lines.append("findings:")
