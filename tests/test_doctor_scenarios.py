@@ -99,14 +99,12 @@ def test_every_fix_is_accepted_by_deepspeed_and_keeps_the_batch(path: Path, corp
         trainer_args = dict(args or {})
         for change in fix.script_changes:
             words = change.split()
-            if "--per_device_train_batch_size" in words:
-                trainer_args["per_device_train_batch_size"] = int(
-                    words[words.index("--per_device_train_batch_size") + 1]
-                )
-            if "--gradient_accumulation_steps" in words:
-                trainer_args["gradient_accumulation_steps"] = int(
-                    words[words.index("--gradient_accumulation_steps") + 1]
-                )
+            for flag, key in (
+                ("--per_device_train_batch_size", "per_device_train_batch_size"),
+                ("--gradient_accumulation_steps", "gradient_accumulation_steps"),
+            ):
+                if flag in words:
+                    trainer_args[key] = int(words[words.index(flag) + 1])
         # without Trainer arguments the run did not go through the HF Trainer (e.g. OpenRLHF)
         resolved = trainer_resolved(fix.config, trainer_args, world, spec.model.hidden_size) if args else fix.config
         assert validate_config(resolved, world_size=world).ok

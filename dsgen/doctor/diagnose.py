@@ -209,6 +209,8 @@ def diagnose(
     batch = derive(resolved.config, parallel)
     validation = _validate(config, resolved, parallel)
     for f in validation.findings:
+        if f.rule_id == "batch-mismatch" and not batch.ok:
+            continue  # the batch-assertion finding below quotes DeepSpeed's own message
         findings.append(DoctorFinding(f.severity, f.rule_id, f.message, f.hint))
     base_changes: dict[str, Any] = {}
     priced_batch = batch
@@ -335,24 +337,37 @@ def _fixes(
     """Memory fixes on top of any batch correction; each fixed config must validate cleanly."""
     base = with_changes(config, base_changes)
 
-    def accept(fixed: dict[str, Any]) -> bool:
+    trainer = trainer_args is not None or bool(auto_keys(config))
+
+    def accept(fixed: dict[str, Any], micro: int, accum: int) -> bool:
+        args = (
+            trainer_args
+            if trainer_args is None
+            else {
+                **trainer_args,
+                "per_device_train_batch_size": micro,
+                "gradient_accumulation_steps": accum,
+            }
+        )
+        batch_assumptions = {**assumptions, "per_device_train_batch_size": micro, "gradient_accumulation_steps": accum}
         resolved = resolve(
             fixed,
-            trainer_args=trainer_args,
-            assumptions=assumptions,
+            trainer_args=args,
+            assumptions=batch_assumptions,
             world_size=world,
             hidden_size=spec.model.hidden_size,
         )
         parallel = parallel_of(resolved.config, world)
-        return (
-            not resolved.mismatches and derive(resolved.config, parallel).ok and _validate(fixed, resolved, parallel).ok
-        )
+        derived = derive(resolved.config, parallel)
+        # DeepSpeed must end up with exactly this split, so the global batch is kept
+        same_split = derived.micro_batch_size == micro and derived.gradient_accumulation_steps == accum
+        return derived.ok and same_split and not resolved.mismatches and _validate(fixed, resolved, parallel).ok
 
-    fixes = find_fixes(base, plan, spec, lambda p: evaluate(spec, p), accept, limit)
+    fixes = find_fixes(base, plan, spec, lambda p: evaluate(spec, p), accept, trainer, limit)
     prefix = tuple(base_changes.items())
     if prefix:
         fixes = [replace(f, changes=prefix + f.changes, label="consistent batch values + " + f.label) for f in fixes]
         as_is = evaluate(spec, plan)
-        if as_is.feasible and accept(base):
+        if as_is.feasible and accept(base, plan.micro_batch_size, plan.gradient_accumulation_steps):
             fixes.insert(0, Fix("consistent batch values", prefix, (), as_is, base))
     return tuple(fixes[:limit])

@@ -78,6 +78,7 @@ def _levers(plan: Plan, spec: Spec) -> Iterator[Lever]:
     for higher in range(max(stage + 1, 2), 4):
         # DeepSpeed's overlap_comm default follows the stage (overlap_comm_valid) unless the config sets it
         yield Lever(f"ZeRO stage {higher}", replace(plan, zero_stage=higher), (("zero_optimization.stage", higher),))
+    yield from _less_offload(plan, spec)
     targets = ["cpu"] + (["nvme"] if spec.hardware.nvme is not None else [])
     for higher in range(max(stage, 2), 4):
         stage_change: tuple[tuple[str, Any], ...] = (("zero_optimization.stage", higher),) if higher != stage else ()
@@ -87,8 +88,10 @@ def _levers(plan: Plan, spec: Spec) -> Iterator[Lever]:
                 replace(plan, zero_stage=higher, offload_optimizer="cpu", offload_ratio=1.0),
                 stage_change + _offload_changes("offload_optimizer", "cpu", spec),
             )
-        if higher == 3 and plan.offload_param == "none":
+        if higher == 3 and (plan.offload_param == "none" or (plan.offload_param == "cpu" and "nvme" in targets)):
             for device in targets:
+                if device == plan.offload_param:
+                    continue
                 yield Lever(
                     f"ZeRO-3 + {device.upper()} optimizer and parameter offload",
                     replace(plan, zero_stage=3, offload_optimizer=device, offload_param=device, offload_ratio=1.0),
@@ -96,6 +99,50 @@ def _levers(plan: Plan, spec: Spec) -> Iterator[Lever]:
                     + _offload_changes("offload_optimizer", device, spec)
                     + _offload_changes("offload_param", device, spec),
                 )
+
+
+PARTIAL_RATIOS = (0.75, 0.5, 0.25)
+
+
+def _less_offload(plan: Plan, spec: Spec) -> Iterator[Lever]:
+    """Levers that move state back from the host (for host-memory shortfalls): parameters first,
+    then a share of the optimizer (ZeRO-3 partial offload), then all of it."""
+    if plan.offload_param != "none":
+        yield Lever(
+            "parameters back on the GPU",
+            replace(plan, offload_param="none"),
+            (("zero_optimization.offload_param.device", "none"),),
+        )
+    partial_ok = (
+        plan.zero_stage == 3
+        and plan.offload_optimizer == "cpu"
+        and plan.offload_param == "none"
+        and spec.training.optimizer.type in ("adam", "adamw")
+    )
+    if partial_ok:
+        # offload_optimizer.ratio applies per optimizer sub-group: split the partition into at
+        # least eight, as the solver does (dsgen.solver._search)
+        groups = max(1_000_000, -(-spec.model.parameter_count() // plan.data_parallel_size // 8))
+        sub_group = min(plan.knobs.sub_group_size, groups)
+        for ratio in PARTIAL_RATIOS:
+            if ratio < plan.offload_ratio:
+                yield Lever(
+                    f"partial optimizer offload (ratio {ratio})",
+                    replace(plan, offload_ratio=ratio, knobs=replace(plan.knobs, sub_group_size=sub_group)),
+                    (
+                        ("zero_optimization.offload_optimizer.ratio", ratio),
+                        ("zero_optimization.sub_group_size", sub_group),
+                    ),
+                )
+    if plan.offload_optimizer != "none":
+        changes: tuple[tuple[str, Any], ...] = (("zero_optimization.offload_optimizer.device", "none"),)
+        if plan.offload_param != "none":
+            changes += (("zero_optimization.offload_param.device", "none"),)
+        yield Lever(
+            "no offload",
+            replace(plan, offload_optimizer="none", offload_param="none", offload_ratio=1.0),
+            changes,
+        )
 
 
 def _offload_changes(block: str, device: str, spec: Spec) -> tuple[tuple[str, Any], ...]:
@@ -112,21 +159,35 @@ def _divisors_below(n: int) -> list[int]:
 
 
 def batch_changes(
-    config: Mapping[str, Any], micro: int, accum: int
+    config: Mapping[str, Any], micro: int, accum: int, trainer: bool
 ) -> tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]:
-    """Config keys (or Trainer flags, where the config says "auto") that set micro-batch and
-    accumulation; train_batch_size stays as it is, because the global batch does not change."""
+    """Config keys and Trainer flags that set micro-batch and accumulation; train_batch_size stays
+    as it is, because the global batch does not change.
+
+    Under the HF Trainer (``trainer``: Trainer arguments given, or "auto" batch keys) the Trainer
+    fills or checks the batch keys against its own arguments (``fill_match``), so the flags change
+    and concrete keys change with them (accumulation is added when DeepSpeed would otherwise derive
+    it as 1). Without it, DeepSpeed derives a missing
+    accumulation from train_batch_size, so accumulation is written unless that derivation covers it.
+    """
     changes: list[tuple[str, Any]] = []
     script: list[str] = []
     micro_value = config.get("train_micro_batch_size_per_gpu")
     accum_value = config.get("gradient_accumulation_steps")
-    if is_auto(micro_value):
-        script.append(f"pass --per_device_train_batch_size {micro} to the Trainer")
-    else:
-        changes.append(("train_micro_batch_size_per_gpu", micro))
-    if is_auto(accum_value):
-        script.append(f"pass --gradient_accumulation_steps {accum} to the Trainer")
-    elif "gradient_accumulation_steps" in config or not isinstance(config.get("train_batch_size"), int):
+    if trainer:
+        script.append(
+            f"pass --per_device_train_batch_size {micro} --gradient_accumulation_steps {accum} to the Trainer"
+        )
+        if micro_value is not None and not is_auto(micro_value):
+            changes.append(("train_micro_batch_size_per_gpu", micro))
+        if not is_auto(accum_value) and (
+            accum_value is not None or not isinstance(config.get("train_batch_size"), int)
+        ):
+            # absent, DeepSpeed would derive 1 whatever the Trainer accumulates: write it
+            changes.append(("gradient_accumulation_steps", accum))
+        return tuple(changes), tuple(script)
+    changes.append(("train_micro_batch_size_per_gpu", micro))
+    if "gradient_accumulation_steps" in config or not isinstance(config.get("train_batch_size"), int):
         changes.append(("gradient_accumulation_steps", accum))
     return tuple(changes), tuple(script)
 
@@ -142,11 +203,13 @@ def find_fixes(
     plan: Plan,
     spec: Spec,
     evaluate: Callable[[Plan], Evaluation],
-    accept: Callable[[dict[str, Any]], bool],
+    accept: Callable[[dict[str, Any], int, int], bool],
+    trainer: bool,
     limit: int = 6,
 ) -> list[Fix]:
-    """The ``limit`` fastest feasible fixes for ``plan``; ``accept`` vets each fixed config
-    (validation), ``evaluate`` prices a plan. Deterministic: levers and splits in fixed order."""
+    """The ``limit`` fastest feasible fixes for ``plan``; ``accept`` vets each fixed config at its
+    micro-batch and accumulation (validation), ``evaluate`` prices a plan; ``trainer``: the run
+    goes through the HF Trainer (see :func:`batch_changes`). Deterministic: levers and splits in fixed order."""
     found: list[tuple[tuple[float, int, int], Fix]] = []
     per_rank = plan.micro_batch_size * plan.gradient_accumulation_steps
     checkpointing_modes = [plan.checkpointing] + (["full"] if plan.checkpointing != "full" else [])
@@ -167,12 +230,12 @@ def find_fixes(
                 changes = tuple((key, value) for key, value in lever.changes if get(config, key) != value)
                 script: tuple[str, ...] = ()
                 if micro != plan.micro_batch_size:
-                    extra, script = batch_changes(config, micro, per_rank // micro)
+                    extra, script = batch_changes(config, micro, per_rank // micro, trainer)
                     changes = changes + extra
                 if mode != plan.checkpointing:
                     script = (CHECKPOINTING_SCRIPT, *script)
                 fixed = with_changes(config, dict(changes))
-                if not accept(fixed):
+                if not accept(fixed, micro, per_rank // micro):
                     break
                 label = _label(lever.label, mode != plan.checkpointing, micro, per_rank // micro, plan)
                 fix = Fix(label, changes, script, evaluation, fixed)

@@ -184,7 +184,13 @@ def human(d: Diagnosis) -> str:
         lines.append("  (write the first with --fix -o fixed.json)")
     elif d.verdict in ("oom", "host-oom"):
         lines.append("")
-        lines.append("no fix within the config's levers fits: add GPUs or nodes, or shorten the sequence")
+        if d.verdict == "host-oom":
+            lines.append(
+                "no fix within the config's levers fits: add host RAM, declare NVMe (hardware.nvme) for "
+                "ZeRO-Infinity offload, or add nodes (each holds a smaller share)"
+            )
+        else:
+            lines.append("no fix within the config's levers fits: add GPUs or nodes, or shorten the sequence")
     return "\n".join(lines)
 
 
