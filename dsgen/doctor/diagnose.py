@@ -265,7 +265,10 @@ def diagnose(
             mode_source,
         )
         for note in config_plan.notes:
-            findings.append(DoctorFinding("info", "config-note", note))
+            pinned = note.startswith("the spec pins")
+            findings.append(
+                DoctorFinding("warning" if pinned else "info", "spec-pin" if pinned else "config-note", note)
+            )
         evaluation = evaluate(spec, config_plan.plan)
 
     invalid = any(f.severity == "error" for f in findings)
@@ -305,6 +308,14 @@ def diagnose(
     if config_plan is not None and evaluation is not None and (not evaluation.feasible or base_changes):
         fixes = _fixes(config, config_plan.plan, spec, base_changes, trainer_args, assumptions, world, max_fixes)
     oom = read_oom(oom_message, spec, evaluation) if oom_message is not None and evaluation is not None else None
+    if oom_message is not None and evaluation is None:
+        findings.append(
+            DoctorFinding(
+                "warning",
+                "error-unmatched",
+                "the out-of-memory message cannot be set against a prediction: the config has no batch DeepSpeed accepts",
+            )
+        )
     return Diagnosis(
         verdict=verdict,
         headroom_met=headroom_met,
