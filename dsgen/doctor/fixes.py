@@ -66,14 +66,15 @@ def _levers(plan: Plan, spec: Spec) -> Iterator[Lever]:
             prefetch_bucket_size=min(k.prefetch_bucket_size, LEAN_PREFETCH),
             reduce_bucket_size=min(k.reduce_bucket_size, SMALL_BUCKET),
         )
+        lean = (
+            ("zero_optimization.stage3_max_live_parameters", k.max_live_parameters, knobs.max_live_parameters),
+            ("zero_optimization.stage3_prefetch_bucket_size", k.prefetch_bucket_size, knobs.prefetch_bucket_size),
+            ("zero_optimization.reduce_bucket_size", k.reduce_bucket_size, knobs.reduce_bucket_size),
+        )
         yield Lever(
             "fewer live ZeRO-3 parameters",
             replace(plan, knobs=knobs),
-            (
-                ("zero_optimization.stage3_max_live_parameters", knobs.max_live_parameters),
-                ("zero_optimization.stage3_prefetch_bucket_size", knobs.prefetch_bucket_size),
-                ("zero_optimization.reduce_bucket_size", knobs.reduce_bucket_size),
-            ),
+            tuple((key, new) for key, old, new in lean if new != old),
         )
     for higher in range(max(stage + 1, 2), 4):
         # DeepSpeed's overlap_comm default follows the stage (overlap_comm_valid) unless the config sets it
@@ -242,7 +243,19 @@ def find_fixes(
                 found.append(((round(evaluation.step.total_s, 9), len(changes) + len(script), order), fix))
                 break  # the largest feasible micro-batch of this lever is its fastest
     found.sort(key=lambda item: item[0])
-    return [fix for _key, fix in found[:limit]]
+    ranked = [fix for _key, fix in found]
+    return [fix for fix in ranked if not any(_dominates(other, fix) for other in ranked)][:limit]
+
+
+def _dominates(a: Fix, b: Fix) -> bool:
+    """``a`` makes a subset of ``b``'s changes and is no slower: ``b`` adds nothing but margin."""
+    return (
+        a is not b
+        and set(a.changes) <= set(b.changes)
+        and set(a.script_changes) <= set(b.script_changes)
+        and a.evaluation.step.total_s <= b.evaluation.step.total_s
+        and (set(a.changes), set(a.script_changes)) != (set(b.changes), set(b.script_changes))
+    )
 
 
 def _label(lever: str, checkpointing: bool, micro: int, accum: int, plan: Plan) -> str:
