@@ -81,3 +81,27 @@ def test_error_without_a_valid_batch_is_not_matched() -> None:
         bad, _spec(activation_checkpointing="full"), error_text="CUDA out of memory. Tried to allocate 1.00 GiB."
     )
     assert d.verdict == "invalid"
+
+
+HOSTILE: list[Any] = [
+    {"zero_optimization": ["stage", 3], "train_batch_size": 64},
+    {"zero_optimization": {"stage": "3"}, "train_micro_batch_size_per_gpu": 1},
+    {"train_micro_batch_size_per_gpu": -4, "gradient_accumulation_steps": 2},
+    {"train_batch_size": "sixty-four"},
+    {"train_micro_batch_size_per_gpu": 1_000_000, "bf16": {"enabled": "yes"}},
+    {
+        "train_micro_batch_size_per_gpu": 1,
+        "zero_optimization": {"stage": 3, "offload_optimizer": "cpu", "reduce_bucket_size": -1},
+    },
+    {"train_micro_batch_size_per_gpu": 1, "sequence_parallel_size": 3},
+    {},
+]
+
+
+def test_hostile_configs_give_a_diagnosis_never_a_crash() -> None:
+    spec = _spec(activation_checkpointing="full")
+    for config in HOSTILE:
+        d = diagnose(config, spec)
+        assert d.verdict in ("fits", "oom", "host-oom", "invalid"), config
+        if any(f.severity == "error" for f in d.validation.findings):
+            assert d.verdict == "invalid", config

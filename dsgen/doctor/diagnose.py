@@ -24,7 +24,6 @@ from dsgen.solver import Evaluation, evaluate, resolve_precision
 from dsgen.spec.types import Spec
 from dsgen.validate import Report, validate_config
 
-VERDICTS = ("fits", "oom", "host-oom", "invalid")
 PHASE_TERMS = {
     "forward_backward": (
         "parameters",
@@ -62,6 +61,8 @@ class Dominant:
 
 @dataclass(frozen=True)
 class Diagnosis:
+    """Everything the doctor found; ``verdict`` is fits | oom | host-oom | invalid."""
+
     verdict: str
     headroom_met: bool
     spec: Spec

@@ -156,7 +156,9 @@ def _offload_changes(block: str, device: str, spec: Spec) -> tuple[tuple[str, An
 
 
 def _divisors_below(n: int) -> list[int]:
-    return [d for d in range(n, 0, -1) if n % d == 0]
+    """Divisors of ``n``, largest first (O(sqrt n): micro-batches can be large numbers)."""
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)}, reverse=True)
 
 
 def batch_changes(
