@@ -51,6 +51,8 @@ def test_training_args_say_whether_the_script_checkpoints() -> None:
     assert without.evaluation is not None and with_ckpt.evaluation is not None
     assert without.evaluation.plan.checkpointing == "none" and with_ckpt.evaluation.plan.checkpointing == "full"
     assert with_ckpt.evaluation.memory.gpu.activations < without.evaluation.memory.gpu.activations
+    assert any(f.code == "spec-pin" and "gradient_checkpointing=True" in f.message for f in with_ckpt.findings)
+    assert not any(f.code == "spec-pin" for f in without.findings)
 
 
 def test_unstated_checkpointing_is_an_assumption() -> None:

@@ -88,7 +88,8 @@ def _num(value: Any) -> int | None:
 
 def precision_of(config: Mapping[str, Any]) -> tuple[str, str]:
     """(precision, key that decided it). bf16 (or its alias bfloat16) wins over fp16, as in
-    deepspeed/runtime/config.py get_bfloat16_config / get_fp16_enabled; neither means fp32."""
+    deepspeed/runtime/precision_config.py get_bfloat16_config / get_float16_config (DeepSpeedConfig
+    refuses both at once); neither means fp32."""
     for key in ("bf16.enabled", "bfloat16.enabled"):
         if get(config, key) is True:
             return "bf16", key

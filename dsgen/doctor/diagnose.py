@@ -122,10 +122,16 @@ def _assumptions(spec: Spec, world_size: int) -> dict[str, Any]:
 
 def _checkpointing(spec: Spec, trainer_args: Mapping[str, Any] | None) -> tuple[str, str, str | None]:
     """(mode, where it came from, note when assumed)."""
+    pinned = spec.constraints.activation_checkpointing
     if trainer_args is not None and "gradient_checkpointing" in trainer_args:
         mode = "full" if trainer_args["gradient_checkpointing"] else "none"
-        return mode, "training args gradient_checkpointing", None
-    pinned = spec.constraints.activation_checkpointing
+        note = None
+        if pinned is not None and pinned != mode:
+            note = (
+                f"the spec pins constraints.activation_checkpointing ({pinned}), but the training arguments "
+                f"say gradient_checkpointing={bool(trainer_args['gradient_checkpointing'])}; the doctor follows the arguments"
+            )
+        return mode, "training args gradient_checkpointing", note
     if pinned is not None:
         return pinned, "spec constraints.activation_checkpointing", None
     return (
@@ -248,9 +254,13 @@ def diagnose(
         )
     mode, mode_source, mode_note = _checkpointing(spec, trainer_args)
     if mode_note:
+        assumed = mode_source == "assumed"
         findings.append(
             DoctorFinding(
-                "warning", "checkpointing-assumed", mode_note, "set constraints.activation_checkpointing in the spec"
+                "warning",
+                "checkpointing-assumed" if assumed else "spec-pin",
+                mode_note,
+                "set constraints.activation_checkpointing in the spec" if assumed else None,
             )
         )
 
