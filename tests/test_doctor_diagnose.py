@@ -107,3 +107,31 @@ def test_hostile_configs_give_a_diagnosis_never_a_crash() -> None:
         assert d.verdict in ("fits", "oom", "host-oom", "invalid"), config
         if any(f.severity == "error" for f in d.validation.findings):
             assert d.verdict == "invalid", config
+
+
+def test_partial_offload_fixes_are_accepted_by_deepspeed() -> None:
+    from dsgen.spec.loader import load_spec_text
+    from dsgen.validate import validate_config
+    from tests.conftest import require_module
+
+    require_module("deepspeed")
+    from tests.ds_oracle import parse_with_deepspeed
+
+    spec = load_spec_text(
+        "model: {preset: llama-3.1-8b}\nhardware: {gpu: a10g, gpus_per_node: 8}\n"
+        "training: {sequence_length: 2048, global_batch_size: 64}\n"
+        "constraints: {activation_checkpointing: true, memory_headroom: 0.0}\n",
+        file="spec.yaml",
+        base_dir=EXAMPLES_DIR,
+    )
+    config = {**CONFIG, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1}
+    config["zero_optimization"] = {"stage": 2}
+    partial = [f for f in diagnose(config, spec).fixes if "partial" in f.label]
+    assert partial
+    for fix in partial:
+        assert validate_config(fix.config, world_size=8).ok
+        parsed = parse_with_deepspeed(fix.config, 8)
+        assert (
+            parsed.zero_config.offload_optimizer.ratio == dict(fix.changes)["zero_optimization.offload_optimizer.ratio"]
+        )
+        assert parsed.train_batch_size == 64

@@ -89,6 +89,25 @@ def _levers(plan: Plan, spec: Spec) -> Iterator[Lever]:
                 replace(plan, zero_stage=higher, offload_optimizer="cpu", offload_ratio=1.0),
                 stage_change + _offload_changes("offload_optimizer", "cpu", spec),
             )
+        if higher == 3 and plan.offload_optimizer == "none" and spec.training.optimizer.type in ("adam", "adamw"):
+            at_three = replace(plan, zero_stage=3)
+            for ratio in PARTIAL_RATIOS:
+                sub_group = _partial_sub_group(at_three, spec)
+                yield Lever(
+                    f"ZeRO-3 + partial CPU optimizer offload (ratio {ratio})",
+                    replace(
+                        at_three,
+                        offload_optimizer="cpu",
+                        offload_ratio=ratio,
+                        knobs=replace(plan.knobs, sub_group_size=sub_group),
+                    ),
+                    stage_change
+                    + _offload_changes("offload_optimizer", "cpu", spec)
+                    + (
+                        ("zero_optimization.offload_optimizer.ratio", ratio),
+                        ("zero_optimization.sub_group_size", sub_group),
+                    ),
+                )
         if higher == 3 and (plan.offload_param == "none" or (plan.offload_param == "cpu" and "nvme" in targets)):
             for device in targets:
                 if device == plan.offload_param:
@@ -103,6 +122,13 @@ def _levers(plan: Plan, spec: Spec) -> Iterator[Lever]:
 
 
 PARTIAL_RATIOS = (0.75, 0.5, 0.25)
+
+
+def _partial_sub_group(plan: Plan, spec: Spec) -> int:
+    """offload_optimizer.ratio applies per optimizer sub-group: split the rank's partition into at
+    least eight, as the solver does (dsgen.solver._search)."""
+    groups = max(1_000_000, -(-spec.model.parameter_count() // plan.data_parallel_size // 8))
+    return min(plan.knobs.sub_group_size, groups)
 
 
 def _less_offload(plan: Plan, spec: Spec) -> Iterator[Lever]:
@@ -121,10 +147,7 @@ def _less_offload(plan: Plan, spec: Spec) -> Iterator[Lever]:
         and spec.training.optimizer.type in ("adam", "adamw")
     )
     if partial_ok:
-        # offload_optimizer.ratio applies per optimizer sub-group: split the partition into at
-        # least eight, as the solver does (dsgen.solver._search)
-        groups = max(1_000_000, -(-spec.model.parameter_count() // plan.data_parallel_size // 8))
-        sub_group = min(plan.knobs.sub_group_size, groups)
+        sub_group = _partial_sub_group(plan, spec)
         for ratio in PARTIAL_RATIOS:
             if ratio < plan.offload_ratio:
                 yield Lever(
