@@ -9,12 +9,16 @@ rendered = render_plan(spec, result.best.plan)
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from dsgen.plan import Plan
 from dsgen.render import Rendered, render
 from dsgen.solver import SolveResult, require_feasible, solve
 from dsgen.spec.loader import load_spec as _load_spec
 from dsgen.spec.types import Spec
+
+if TYPE_CHECKING:
+    from dsgen.doctor.diagnose import Diagnosis
 
 
 def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Spec:
@@ -41,3 +45,23 @@ def build_config(
     result = solve_spec(spec, accounting)
     best = require_feasible(result)
     return result, render_plan(spec, best.plan)
+
+
+def doctor(
+    config: str | Path | dict[str, Any],
+    spec: str | Path | Spec,
+    *,
+    world_size: int | None = None,
+    training_args: str | Path | dict[str, Any] | None = None,
+    error: str | None = None,
+) -> Diagnosis:
+    """Size an existing DeepSpeed config on the spec's cluster (``dsgen doctor``): verdict,
+    memory per phase, findings and ranked fixes. Paths are read here; bad input raises DsgenError."""
+    from dsgen.doctor.auto_values import load_training_args
+    from dsgen.doctor.diagnose import diagnose
+    from dsgen.validate import loader
+
+    data = config if isinstance(config, dict) else loader.load(config).data
+    loaded_spec = spec if isinstance(spec, Spec) else load_spec(spec)
+    args = training_args if isinstance(training_args, dict) or training_args is None else load_training_args(training_args)
+    return diagnose(data, loaded_spec, world_size=world_size, trainer_args=args, error_text=error)

@@ -29,6 +29,7 @@ COMMAND_MODULES = {
     "sweep": "sweep_cmd",
     "validate": "validate_cmd",
     "schema": "validate_cmd",
+    "doctor": "doctor_cmd",
 }
 
 

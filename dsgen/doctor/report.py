@@ -1,0 +1,207 @@
+"""Present a :class:`Diagnosis`: the ``dsgen doctor --json`` contract and the human summary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dsgen.doctor.diagnose import Diagnosis
+from dsgen.doctor.fixes import current_value
+from dsgen.report import GPU_TERMS, PHASE_LABELS, memory_dict, plan_dict
+from dsgen.solver import gib
+
+
+def diagnosis_dict(d: Diagnosis) -> dict[str, Any]:
+    """The JSON contract: verdict, memory (as ``solve --json``), step_time_s, findings, fixes."""
+    e = d.evaluation
+    body: dict[str, Any] = {
+        "verdict": d.verdict,
+        "headroom_met": d.headroom_met,
+        "memory": memory_dict(e) if e is not None else None,
+        "step_time_s": round(e.step.total_s, 6) if e is not None else None,
+        "dominant": (
+            {
+                "phase": d.dominant.phase,
+                "term": d.dominant.term,
+                "bytes": d.dominant.bytes,
+                "share": round(d.dominant.share, 4),
+            }
+            if d.dominant is not None
+            else None
+        ),
+        "plan": plan_dict(e.plan) if e is not None else None,
+        "world_size": d.world_size,
+        "parallel": {
+            "data_parallel": d.parallel.data_parallel,
+            "sequence_parallel": d.parallel.sequence_parallel,
+            "tensor_parallel": d.parallel.tensor_parallel,
+            "pipeline_parallel": d.parallel.pipeline_parallel,
+        },
+        "batch": {
+            "train_batch_size": d.batch.train_batch_size,
+            "train_micro_batch_size_per_gpu": d.batch.micro_batch_size,
+            "gradient_accumulation_steps": d.batch.gradient_accumulation_steps,
+            "world_size": d.batch.world,
+            "error": d.batch.error,
+            "consistent": list(d.batch.consistent),
+        },
+        "settings": [
+            {"key": s.key, "value": s.value, "source": s.source, "note": s.note}
+            for s in (d.config_plan.settings if d.config_plan is not None else ())
+        ],
+        "auto": {
+            "filled": [
+                {"key": f.key, "value": f.value, "source": f.source, "assumed": f.assumed} for f in d.resolved.fills
+            ],
+            "assumed_training_args": list(d.resolved.assumed_args),
+            "unresolved": list(d.resolved.unresolved),
+            "mismatches": list(d.resolved.mismatches),
+        },
+        "findings": [
+            {"severity": f.severity, "code": f.code, "message": f.message, "hint": f.hint} for f in d.findings
+        ],
+        "fixes": [
+            {
+                "label": fix.label,
+                "changes": dict(fix.changes),
+                "script_changes": list(fix.script_changes),
+                "memory_gpu_total": fix.evaluation.memory.gpu.total,
+                "memory_cpu_total": fix.evaluation.memory.cpu.total,
+                "step_time_s": round(fix.evaluation.step.total_s, 6),
+                "plan": plan_dict(fix.evaluation.plan),
+                "config": fix.config,
+            }
+            for fix in d.fixes
+        ],
+    }
+    if d.oom is not None:
+        m = d.oom.message
+        body["error_message"] = {
+            "format": m.format,
+            "tried": m.tried,
+            "gpu": m.gpu_index,
+            "capacity": m.capacity,
+            "free": m.free,
+            "allocated": m.allocated,
+            "reserved_unallocated": m.reserved_unallocated,
+            "process_in_use": m.process_in_use,
+            "likely_phase": d.oom.match.phase if d.oom.match else None,
+            "likely_term": d.oom.match.term if d.oom.match else None,
+            "likely_allocation": d.oom.match.what if d.oom.match else None,
+            "fragmentation": d.oom.fragmentation,
+            "notes": list(d.oom.notes),
+        }
+    return body
+
+
+VERDICT_TEXT = {
+    "fits": "FITS",
+    "oom": "OUT OF GPU MEMORY (predicted)",
+    "host-oom": "OUT OF HOST MEMORY / NVMe (predicted)",
+    "invalid": "INVALID CONFIG",
+}
+
+
+def human(d: Diagnosis) -> str:
+    spec = d.spec
+    lines = [
+        f"verdict   {VERDICT_TEXT[d.verdict]}"
+        + ("" if d.headroom_met or d.verdict != "fits" else " (less than the requested headroom)")
+    ]
+    lines.append(
+        f"model     {spec.model.name} on {spec.hardware.nodes} x {spec.hardware.gpus_per_node} x {spec.hardware.gpu.name}, sequence {spec.training.sequence_length}, {spec.training.attention} attention"
+    )
+    e = d.evaluation
+    if e is not None:
+        p = e.plan
+        lines.append(f"config    {p.describe()}")
+        lines.append(
+            f"batch     {p.global_batch_size} = micro {p.micro_batch_size} x accumulation {p.gradient_accumulation_steps} x data-parallel {p.data_parallel_size}"
+        )
+        gpu = e.memory.gpu
+        lines.append("")
+        lines.append(f"GPU memory per rank (capacity {gib(gpu.capacity)}, usable {gib(e.usable_gpu_bytes)}):")
+        lines.append(f"  {'term':<17} {'fwd/bwd':>10} {'opt step':>10}")
+        step_values = {
+            "parameters": gpu.parameters,
+            "gradients": gpu.step_gradients,
+            "optimizer_states": gpu.optimizer_states,
+            "activations": 0,
+            "buffers": gpu.buffers,
+            "transient": 0,
+            "overhead": gpu.step_overhead,
+        }
+        fb_values = {**{t: int(getattr(gpu, t)) for t in GPU_TERMS}, "gradients": gpu.backward_gradients}
+        for term in GPU_TERMS:
+            lines.append(f"  {term:<17} {gib(fb_values[term]):>10} {gib(step_values[term]):>10}")
+        lines.append(f"  {'total':<17} {gib(gpu.forward_backward):>10} {gib(gpu.optimizer_step):>10}")
+        if d.dominant is not None:
+            lines.append(
+                f"  peak {gib(gpu.total)} in {PHASE_LABELS[d.dominant.phase]}; largest term {d.dominant.term} "
+                f"({gib(d.dominant.bytes)}, {d.dominant.share:.0%})"
+            )
+        lines.append(f"host RAM per node  {gib(e.memory.cpu.total)} of {gib(e.usable_cpu_bytes)} usable")
+        if e.memory.nvme.total:
+            lines.append(f"NVMe per node      {gib(e.memory.nvme.total)} of {gib(e.memory.nvme.capacity)}")
+        lines.append(
+            f"step time {e.step.total_s:.3f} s (compute {e.step.compute_s:.3f}, exposed comm {e.step.exposed_comm_s:.3f}, offload {e.step.offload_s:.3f})"
+        )
+    if d.config_plan is not None:
+        defaults = [s for s in d.config_plan.settings if s.source == "default" and _relevant(s.key, d)]
+        if defaults:
+            lines.append("")
+            lines.append("DeepSpeed 0.19.8 defaults used for keys the config leaves out:")
+            for s in defaults:
+                lines.append(f"  {s.key} = {s.value}")
+    if d.resolved.fills:
+        lines.append("")
+        lines.append('"auto" values:')
+        for fill in d.resolved.fills:
+            lines.append(f"  {fill.key} = {fill.value}  ({fill.source}{', assumed' if fill.assumed else ''})")
+    if d.findings:
+        lines.append("")
+        lines.append("findings:")
+        for f in d.findings:
+            lines.append(f"  {f.severity:<7} [{f.code}] {f.message}")
+            if f.hint:
+                lines.append(f"          hint: {f.hint}")
+    if d.oom is not None:
+        lines.append("")
+        lines.append(f"the error message ({d.oom.message.format} format):")
+        for note in d.oom.notes:
+            lines.append(f"  {note}")
+    if d.fixes:
+        lines.append("")
+        lines.append("fixes, fastest first:")
+        for index, fix in enumerate(d.fixes, start=1):
+            lines.append(
+                f"  {index}. {fix.label}: GPU {gib(fix.evaluation.memory.gpu.total)}, host {gib(fix.evaluation.memory.cpu.total)}, "
+                f"{fix.evaluation.step.total_s:.3f} s/step"
+            )
+            for key, value in fix.changes:
+                lines.append(f"       {key}: {current_value(d.config, key)!r} -> {value!r}")
+            for change in fix.script_changes:
+                lines.append(f"       script: {change}")
+        lines.append("  (write the first with --fix -o fixed.json)")
+    elif d.verdict in ("oom", "host-oom"):
+        lines.append("")
+        if d.verdict == "host-oom":
+            lines.append(
+                "no fix within the config's levers fits: add host RAM, declare NVMe (hardware.nvme) for "
+                "ZeRO-Infinity offload, or add nodes (each holds a smaller share)"
+            )
+        else:
+            lines.append("no fix within the config's levers fits: add GPUs or nodes, or shorten the sequence")
+    return "\n".join(lines)
+
+
+def _relevant(key: str, d: Diagnosis) -> bool:
+    """Whether a default matters for this plan (stage-3 knobs at stage 3, offload buffers with offload)."""
+    assert d.evaluation is not None
+    plan = d.evaluation.plan
+    if "stage3_" in key or "hpz" in key or "quantized" in key or "sub_group_size" in key:
+        return plan.zero_stage == 3
+    if ".offload_param." in key and not key.endswith(".device"):
+        return plan.offload_param != "none"
+    if ".offload_optimizer." in key and not key.endswith(".device"):
+        return plan.offload_optimizer != "none"
+    return True

@@ -1,0 +1,138 @@
+"""``dsgen doctor`` as a user runs it: the README's commands, the JSON contract, --fix, bad input."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from dsgen.doctor.keys import get
+from tests.cli_helpers import run_cli
+from tests.conftest import REPO_ROOT
+
+EXAMPLE = ["doctor", "examples/doctor/ds_config.json", "--spec", "examples/doctor/cluster.yaml"]
+
+
+@pytest.fixture
+def in_repo_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A scratch working directory that sees the repository's examples (README paths are relative)."""
+    (tmp_path / "examples").symlink_to(REPO_ROOT / "examples")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def readme_commands() -> list[list[str]]:
+    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("## My run crashed", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```bash\n(.*?)```", section, re.DOTALL)
+    assert block is not None
+    commands = []
+    for line in block.group(1).splitlines():
+        words = shlex.split(line, comments=True)
+        if words:
+            assert words[0] == "dsgen"
+            commands.append(words[1:])
+    return commands
+
+
+def test_readme_section_covers_every_mode() -> None:
+    joined = " ".join(" ".join(c) for c in readme_commands())
+    for flag in ("--json", "--fix", "--training-args", "--world-size", "--error"):
+        assert flag in joined
+
+
+@pytest.mark.parametrize("args", readme_commands(), ids=lambda a: " ".join(a[3:]) or "plain")
+def test_readme_commands_work_as_written(
+    args: list[str], in_repo_copy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = run_cli(args, capsys)
+    assert "Traceback" not in result.stderr
+    if "--fix" in args:
+        assert result.exit_code == 0, result.stderr
+        assert (in_repo_copy / "fixed.json").is_file()
+    elif "--world-size" in args:
+        assert result.exit_code == 1  # 64 sequences cannot be micro 4 x accumulation 2 on 16 GPUs
+        assert "64 != 4 * 2 * 16" in result.stdout
+    else:
+        assert result.exit_code == 3, result.stderr  # the example is a run that ran out of memory
+    if "--json" in args:
+        body = json.loads(result.stdout)
+        assert body["verdict"] == "oom"
+        assert set(body) >= {"verdict", "memory", "step_time_s", "findings", "fixes"}
+        assert body["memory"]["gpu"]["total"] > body["memory"]["gpu"]["usable"]
+        for fix in body["fixes"]:
+            assert set(fix) >= {"changes", "config", "memory_gpu_total", "step_time_s", "script_changes"}
+            assert fix["memory_gpu_total"] <= body["memory"]["gpu"]["usable"]
+        times = [fix["step_time_s"] for fix in body["fixes"]]
+        assert times == sorted(times)
+    if "--error" in args:
+        assert "transient" in result.stdout and "expandable_segments:True" in result.stdout
+
+
+def test_fix_writes_only_the_changed_keys(in_repo_copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    result = run_cli([*EXAMPLE, "--json", "--fix", "-o", "fixed.json"], capsys)
+    assert result.exit_code == 0, result.stderr
+    best = json.loads(result.stdout)["fixes"][0]
+    original = json.loads((REPO_ROOT / "examples/doctor/ds_config.json").read_text())
+    fixed = json.loads((in_repo_copy / "fixed.json").read_text())
+    assert fixed == best["config"]
+    assert list(fixed)[: len(original)] == list(original)
+    for key in ("gradient_clipping", "bf16.enabled", "zero_optimization.allgather_partitions", "train_batch_size"):
+        assert get(fixed, key) == get(original, key)
+    for key, value in best["changes"].items():
+        assert get(fixed, key) == value
+
+
+def test_fix_refuses_to_overwrite(in_repo_copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (in_repo_copy / "fixed.json").write_text("keep me")
+    result = run_cli([*EXAMPLE, "--fix", "-o", "fixed.json"], capsys)
+    assert result.exit_code == 2
+    assert "already exists" in result.stderr and "--force" in result.stderr
+    assert (in_repo_copy / "fixed.json").read_text() == "keep me"
+    assert run_cli([*EXAMPLE, "--fix", "-o", "fixed.json", "--force"], capsys).exit_code == 0
+    assert json.loads((in_repo_copy / "fixed.json").read_text())["zero_optimization"]
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["doctor", "missing.json", "--spec", "examples/doctor/cluster.yaml"], "missing.json"),
+        (["doctor", "examples/doctor/ds_config.json", "--spec", "missing.yaml"], "missing.yaml"),
+        ([*EXAMPLE, "--fix"], "--output"),
+        ([*EXAMPLE, "-o", "x.json"], "--fix"),
+        ([*EXAMPLE, "--world-size", "0"], "--world-size"),
+        ([*EXAMPLE, "--error", "segmentation fault"], "--error"),
+        ([*EXAMPLE, "--training-args", "examples/doctor/cluster.yaml"], "invalid JSON"),
+    ],
+)
+def test_bad_input_exits_2_with_one_message(
+    args: list[str], words: str, in_repo_copy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = run_cli(args, capsys)
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    assert words in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (in_repo_copy / "x.json").exists()
+
+
+def test_bad_config_json_names_the_line(in_repo_copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (in_repo_copy / "bad.json").write_text('{\n  "zero_optimization": {"stage": 2,,}\n}\n')
+    result = run_cli(["doctor", "bad.json", "--spec", "examples/doctor/cluster.yaml"], capsys)
+    assert result.exit_code == 2
+    assert "bad.json:2" in result.stderr
+
+
+def test_fitting_config_exits_0_and_writes_nothing(in_repo_copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = json.loads((REPO_ROOT / "examples/doctor/ds_config.json").read_text())
+    config["zero_optimization"]["stage"] = 3
+    config["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+    config["train_micro_batch_size_per_gpu"] = 1
+    config["gradient_accumulation_steps"] = 8
+    (in_repo_copy / "z3.json").write_text(json.dumps(config))
+    result = run_cli(["doctor", "z3.json", "--spec", "examples/doctor/cluster.yaml", "--fix", "-o", "out.json"], capsys)
+    assert result.exit_code == 0, result.stdout
+    assert "FITS" in result.stdout and "nothing written" in result.stdout
+    assert not (in_repo_copy / "out.json").exists()

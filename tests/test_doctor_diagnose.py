@@ -1,0 +1,137 @@
+"""The doctor's judgement on small, hand-checked cases: headroom, where the spec and the config
+disagree, which source says the script checkpoints, model-parallel sizes, the launcher's world."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from dsgen.api import load_spec
+from dsgen.doctor.diagnose import diagnose
+from dsgen.spec.types import Spec
+from tests.conftest import EXAMPLES_DIR
+
+CONFIG: dict[str, Any] = {
+    "train_batch_size": 64,
+    "train_micro_batch_size_per_gpu": 1,
+    "gradient_accumulation_steps": 8,
+    "bf16": {"enabled": True},
+    "zero_optimization": {"stage": 3},
+}
+
+
+def _spec(**constraints: Any) -> Spec:
+    spec = load_spec(EXAMPLES_DIR / "doctor" / "cluster.yaml")
+    return replace(spec, constraints=replace(spec.constraints, **constraints))
+
+
+def test_headroom_is_reported_but_the_config_fits() -> None:
+    physical = diagnose(CONFIG, _spec(activation_checkpointing="full"))
+    assert physical.verdict == "fits" and physical.headroom_met
+    used = physical.evaluation.memory.gpu.total / physical.evaluation.memory.gpu.capacity  # type: ignore[union-attr]
+    tight = diagnose(CONFIG, _spec(activation_checkpointing="full", memory_headroom=round(1.02 - used, 3)))
+    assert tight.verdict == "fits" and not tight.headroom_met
+    assert any(f.code == "headroom" for f in tight.findings)
+    assert tight.exit_code == 0
+
+
+def test_spec_pins_that_disagree_are_named() -> None:
+    d = diagnose(CONFIG, _spec(activation_checkpointing="full", zero_stage=2, micro_batch_size=2))
+    pins = [f.message for f in d.findings if f.code == "spec-pin"]
+    assert any("constraints.zero_stage: 2" in m and "runs 3" in m for m in pins)
+    assert any("constraints.micro_batch_size: 2" in m for m in pins)
+    assert d.evaluation is not None and d.evaluation.plan.zero_stage == 3  # the config wins
+
+
+def test_training_args_say_whether_the_script_checkpoints() -> None:
+    spec = _spec(activation_checkpointing="none")
+    args = {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 8, "bf16": True}
+    without = diagnose(CONFIG, spec, trainer_args={**args, "gradient_checkpointing": False})
+    with_ckpt = diagnose(CONFIG, spec, trainer_args={**args, "gradient_checkpointing": True})
+    assert without.evaluation is not None and with_ckpt.evaluation is not None
+    assert without.evaluation.plan.checkpointing == "none" and with_ckpt.evaluation.plan.checkpointing == "full"
+    assert with_ckpt.evaluation.memory.gpu.activations < without.evaluation.memory.gpu.activations
+    assert any(f.code == "spec-pin" and "gradient_checkpointing=True" in f.message for f in with_ckpt.findings)
+    assert not any(f.code == "spec-pin" for f in without.findings)
+
+
+def test_unstated_checkpointing_is_an_assumption() -> None:
+    d = diagnose(CONFIG, _spec(activation_checkpointing=None))
+    assert any(f.code == "checkpointing-assumed" for f in d.findings)
+
+
+def test_sequence_parallel_changes_the_batch_world() -> None:
+    config = {**CONFIG, "sequence_parallel_size": 2}
+    d = diagnose(config, _spec(activation_checkpointing="full"))
+    # DeepSpeed divides the launcher's 8 ranks by 2: 64 != 1 * 8 * 4.0
+    assert d.verdict == "invalid"
+    assert any("64 != 1 * 8 * 4.0" in f.message for f in d.findings)
+    assert d.parallel.data_parallel == 4
+    assert d.fixes and dict(d.fixes[0].changes)["gradient_accumulation_steps"] == 16
+
+
+def test_launcher_world_size_reprices() -> None:
+    d = diagnose({**CONFIG, "train_batch_size": 128}, _spec(activation_checkpointing="full"), world_size=16)
+    assert d.verdict == "fits"
+    assert d.spec.hardware.world_size == 16 and d.evaluation is not None
+    assert d.evaluation.plan.data_parallel_size == 16
+
+
+def test_error_without_a_valid_batch_is_not_matched() -> None:
+    bad = {**CONFIG, "train_micro_batch_size_per_gpu": 0}
+    d = diagnose(
+        bad, _spec(activation_checkpointing="full"), error_text="CUDA out of memory. Tried to allocate 1.00 GiB."
+    )
+    assert d.verdict == "invalid"
+
+
+HOSTILE: list[Any] = [
+    {"zero_optimization": ["stage", 3], "train_batch_size": 64},
+    {"zero_optimization": {"stage": "3"}, "train_micro_batch_size_per_gpu": 1},
+    {"train_micro_batch_size_per_gpu": -4, "gradient_accumulation_steps": 2},
+    {"train_batch_size": "sixty-four"},
+    {"train_micro_batch_size_per_gpu": 1_000_000, "bf16": {"enabled": "yes"}},
+    {
+        "train_micro_batch_size_per_gpu": 1,
+        "zero_optimization": {"stage": 3, "offload_optimizer": "cpu", "reduce_bucket_size": -1},
+    },
+    {"train_micro_batch_size_per_gpu": 1, "sequence_parallel_size": 3},
+    {},
+]
+
+
+def test_hostile_configs_give_a_diagnosis_never_a_crash() -> None:
+    spec = _spec(activation_checkpointing="full")
+    for config in HOSTILE:
+        d = diagnose(config, spec)
+        assert d.verdict in ("fits", "oom", "host-oom", "invalid"), config
+        if any(f.severity == "error" for f in d.validation.findings):
+            assert d.verdict == "invalid", config
+
+
+def test_partial_offload_fixes_are_accepted_by_deepspeed() -> None:
+    from dsgen.spec.loader import load_spec_text
+    from dsgen.validate import validate_config
+    from tests.conftest import require_module
+
+    require_module("deepspeed")
+    from tests.ds_oracle import parse_with_deepspeed
+
+    spec = load_spec_text(
+        "model: {preset: llama-3.1-8b}\nhardware: {gpu: a10g, gpus_per_node: 8}\n"
+        "training: {sequence_length: 2048, global_batch_size: 64}\n"
+        "constraints: {activation_checkpointing: true, memory_headroom: 0.0}\n",
+        file="spec.yaml",
+        base_dir=EXAMPLES_DIR,
+    )
+    config = {**CONFIG, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1}
+    config["zero_optimization"] = {"stage": 2}
+    partial = [f for f in diagnose(config, spec).fixes if "partial" in f.label]
+    assert partial
+    for fix in partial:
+        assert validate_config(fix.config, world_size=8).ok
+        parsed = parse_with_deepspeed(fix.config, 8)
+        assert (
+            parsed.zero_config.offload_optimizer.ratio == dict(fix.changes)["zero_optimization.offload_optimizer.ratio"]
+        )
+        assert parsed.train_batch_size == 64
