@@ -25,7 +25,9 @@ def register(app: typer.Typer) -> None:
 
 
 def presets(
-    kind: Annotated[PresetKind, typer.Argument(help="Which presets to list.")],
+    kind: Annotated[
+        PresetKind, typer.Argument(help="Which presets to list: gpus or models.", metavar="KIND", show_default=False)
+    ],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """List the GPU or model presets that specs can name."""
