@@ -156,8 +156,20 @@ def text_table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Coll
 def ranked_table(result: SolveResult, top: int) -> str:
     """The ``--top N`` table: the N fastest feasible plans with memory, speed and MFU."""
     spec = result.spec
-    header = ("#", "stage", "offload", "zero++", "ckpt", "micro", "accum", "GPU GiB", "host GiB", "step s")
-    header += ("tokens/s", "MFU")
+    header = [
+        "#",
+        "stage",
+        "offload",
+        "zero++",
+        "ckpt",
+        "micro",
+        "accum",
+        "GPU GiB",
+        "host GiB",
+        "step s",
+        "tokens/s",
+        "MFU",
+    ]
     rows = [
         (
             str(index),

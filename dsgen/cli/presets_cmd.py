@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict
 from enum import Enum
 from typing import TYPE_CHECKING, Annotated
@@ -69,4 +70,4 @@ def _bf16_peak(gpu: GpuSpec) -> str:
 
 
 # The commands this module provides, by the name users type (dsgen.cli registers them lazily).
-COMMANDS = {"presets": presets}
+COMMANDS: dict[str, Callable[..., None]] = {"presets": presets}
