@@ -226,11 +226,12 @@ def main() -> None:
         f"saving: median of per-round differences {statistics.median(saved) * 1000:.0f} ms"
     )
     print(breakdown())
-    if all(count is not None for count in counts.values()):
+    if None not in counts.values():
+        counted = {name: count or 0 for name, count in counts.items()}
         print(
-            f"instructions (callgrind; independent of machine load): one dsgen new {counts['new'] / 1e6:.0f} M, "
-            f"the floor {counts['floor'] / 1e6:.0f} M, dsgen's own share {(counts['new'] - counts['floor']) / 1e6:.0f} M; "
-            f"through the console entry {counts['console'] / 1e6:.0f} M, plain main() {counts['plain'] / 1e6:.0f} M"
+            f"instructions (callgrind; independent of machine load): one dsgen new {counted['new'] / 1e6:.0f} M, "
+            f"the floor {counted['floor'] / 1e6:.0f} M, dsgen's own share {(counted['new'] - counted['floor']) / 1e6:.0f} M; "
+            f"through the console entry {counted['console'] / 1e6:.0f} M, plain main() {counted['plain'] / 1e6:.0f} M"
         )
     else:
         print("instructions: not counted (valgrind is not installed)")
