@@ -13,6 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+#: Where ``dsgen init`` writes when given no path.
+DEFAULT_PATH = "spec.yaml"
+
 #: The sequences per optimizer step a starter asks for, rounded up to split over every GPU.
 STARTER_BATCH = 256
 
@@ -31,7 +34,7 @@ hardware:
   # nvme: {{path: /local_nvme, capacity_gib: 3500}}
 training:
   sequence_length: 4096
-  global_batch_size: {global_batch_size}                  # sequences per optimizer step, met exactly
+  global_batch_size: {global_batch_size:<20} # sequences per optimizer step, met exactly
   # precision: bf16                         or fp16, fp32; left out, dsgen picks
   # optimizer: {{type: adamw, lr: 2.0e-5}}
 # constraints:                              each pins one dimension of the search
@@ -58,7 +61,7 @@ def starter_batch(world_size: int) -> int:
     return -(-STARTER_BATCH // world_size) * world_size
 
 
-def starter_spec(options: StarterOptions, name: str = "spec.yaml") -> str:
+def starter_spec(options: StarterOptions, name: str = DEFAULT_PATH) -> str:
     """The starter spec's text (``name`` is the file the next-step comment names)."""
     return TEMPLATE.format(
         name=name,

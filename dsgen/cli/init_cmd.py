@@ -5,14 +5,14 @@ from typing import Annotated
 
 import typer
 
-from dsgen.starter import StarterOptions
+from dsgen.starter import DEFAULT_PATH, StarterOptions
 
 DEFAULT = StarterOptions()
 
 
 def init(
     path: Annotated[Path, typer.Argument(help="Where to write the spec.", show_default=True, metavar="PATH")] = Path(
-        "spec.yaml"
+        DEFAULT_PATH
     ),
     gpu: Annotated[str, typer.Option("--gpu", help="GPU preset (dsgen presets gpus).", metavar="NAME")] = DEFAULT.gpu,
     model: Annotated[
