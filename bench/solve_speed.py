@@ -1,19 +1,24 @@
-"""Wall time of `dsgen solve` and `dsgen new` from a cold process, and of an in-process solve.
+"""How fast dsgen is, against the goals of issue 16, with the figures measured side by side.
 
-Targets: `dsgen new` under 0.3 s cold (issue: pipeline); a 70B model on 64 GPUs with every
-dimension free solves in under 50 ms in-process. Run it with the Python of the environment dsgen
-is installed in: .venv/bin/python bench/solve_speed.py
+1. Cold ``dsgen new`` (a whole search, render and validation, in a fresh process) against one cold
+   ``llm-analysis`` evaluation of a single fixed plan, on the same machine in the same rounds.
+   Goal: the ratio of their medians is at most 0.6. llm-analysis pins ``transformers<5`` (dsgen's
+   own environment has transformers 5), so it runs from a virtual environment of its own,
+   ``bench/.venv-llm-analysis``, built on first use with ``pip install llm-analysis "transformers<5"``
+   (CPU only: neither package depends on torch); the bench prints how it built or found it.
+2. In-process search for a 70B model on 64 GPUs with every dimension free: under 50 ms.
+3. What the console script (``dsgen._console``) saves over calling ``dsgen.cli.main`` plainly.
 
-It also prints where one cold `dsgen new` spends its time (a fresh interpreter that imports and
-runs the steps in turn with the console script's collector settings): the interpreter
-itself, each third-party import, dsgen's own imports, the dataclasses they create, and the work.
+The 1,000-run sweep figure (under 10 s) is ``bench/sweep_speed.py``.
 
-The VM this was built on runs the same process anywhere from 190 to 330 ms depending on what its
-neighbours do, in phases that last minutes. So the cold samples are taken in rounds that also time
-the fixed floor (a bare interpreter importing typer, PyYAML and Jinja2 as the console script does):
-a slow floor says the machine, not dsgen, was slow. Where valgrind is installed the script also
-counts the instructions of one cold `dsgen new` and of the floor, figures that do not move with the
-machine's load and so show what a change to dsgen bought.
+Run it with the Python of the environment dsgen is installed in: .venv/bin/python bench/solve_speed.py
+
+It also prints where one cold ``dsgen new`` spends its time (a fresh interpreter that imports and
+runs the steps in turn with the console script's collector settings), and, where valgrind is
+installed, the instructions one cold run executes, a figure that does not move with the machine's
+load. The development VM runs the same process anywhere from 190 to 330 ms depending on what its
+neighbours do, so every cold sample is taken in interleaved rounds: each command's samples come
+from the same machine states, and their medians can be compared with each other.
 """
 
 from __future__ import annotations
@@ -32,6 +37,24 @@ import installed_dsgen  # bench/installed_dsgen.py
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "llama-3.1-8b-8xh100.yaml"
 RUNS = 15  # this VM is noisy (+-40 ms run to run): more samples give a stabler median
+RATIO_GOAL = 0.6  # cold dsgen new / cold llm-analysis evaluation
+
+LLM_ANALYSIS_VENV = Path(__file__).resolve().parent / ".venv-llm-analysis"
+LLM_ANALYSIS_PACKAGES = ("llm-analysis==0.2.2", "transformers<5")
+# One fixed plan, the nearest llm-analysis has to the 8B example: Llama 2 7B (a config it ships, so
+# nothing is downloaded) on 8 x H100 80GB, ZeRO-2, 4,096-token sequences, 256 per step, micro 1.
+LLM_ANALYSIS_PLAN = (
+    "train",
+    "--model_name=NousResearch_Llama-2-7b-hf",
+    "--gpu_name=h100-sxm-80gb",
+    "--total_num_gpus=8",
+    "--ds_zero=2",
+    "--seq_len=4096",
+    "--global_batch_size=256",
+    "--batch_size_per_gpu=1",
+    "--flops_efficiency=0.4",
+    "--log_level=ERROR",
+)
 
 SEVENTY_B_ON_64 = """\
 model: {preset: llama-3.1-70b}
@@ -127,29 +150,88 @@ def breakdown() -> str:
     return f"where a cold dsgen new goes: interpreter start+exit {bare * 1000:.0f} ms, " + done.stdout.strip()
 
 
+# A cold dsgen new without the console script: the interpreter's default collector settings and
+# its ordinary exit (module teardown). The same arguments follow.
+PLAIN_MAIN = "import sys; sys.argv[0] = 'dsgen'; from dsgen.cli import main; main()"
+CONSOLE_MAIN = "import sys; sys.argv[0] = 'dsgen'; from dsgen._console import run; run()"
+
+
+def llm_analysis_python() -> Path:
+    """The Python of llm-analysis's own environment, built on first use (see module docstring)."""
+    python = LLM_ANALYSIS_VENV / "bin" / "python"
+    probe = [str(python), "-c", "import llm_analysis.analysis, transformers; print(transformers.__version__)"]
+    if python.is_file():
+        found = subprocess.run(probe, capture_output=True, text=True)
+        if found.returncode == 0:
+            print(f"llm-analysis: using {LLM_ANALYSIS_VENV} (transformers {found.stdout.strip()})")
+            return python
+    print(f"llm-analysis: building its own environment {LLM_ANALYSIS_VENV} (transformers<5; dsgen's has 5):")
+    steps = [
+        [sys.executable, "-m", "venv", "--clear", str(LLM_ANALYSIS_VENV)],
+        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *LLM_ANALYSIS_PACKAGES],
+    ]
+    for step in steps:
+        print("  $ " + " ".join(f"'{a}'" if "<" in a else a for a in step), flush=True)
+        subprocess.run(step, check=True)
+    found = subprocess.run(probe, capture_output=True, text=True, check=True)
+    torch = subprocess.run([str(python), "-c", "import torch"], capture_output=True).returncode == 0
+    print(f"  built: transformers {found.stdout.strip()}, torch {'installed' if torch else 'not installed'}")
+    return python
+
+
+def _paired_ratio(numerator: list[float], denominator: list[float]) -> float:
+    return statistics.median(n / d for n, d in zip(numerator, denominator, strict=True))
+
+
 def main() -> None:
     from dsgen._console import GEN0_THRESHOLD
 
+    llm_python = llm_analysis_python()
     installed_dsgen.warm()
     with tempfile.TemporaryDirectory() as tmp:
-        new = [*installed_dsgen.command(), "new", str(EXAMPLE), "-o", str(Path(tmp) / "ds_config.json"), "--force"]
+        new_args = ["new", str(EXAMPLE), "-o", str(Path(tmp) / "ds_config.json"), "--force"]
+        new = [*installed_dsgen.command(), *new_args]
+        llm_analysis = [str(llm_python), "-m", "llm_analysis.analysis", *LLM_ANALYSIS_PLAN]
+        subprocess.run(llm_analysis, capture_output=True, check=True)  # its files into the page cache
         commands = {
             "floor": [sys.executable, "-c", FLOOR.format(threshold=GEN0_THRESHOLD)],
-            "solve": [*installed_dsgen.command(), "solve", str(EXAMPLE), "--json"],
             "new": new,
+            "llm-analysis": llm_analysis,
+            "new, console entry": [sys.executable, "-c", CONSOLE_MAIN, *new_args],
+            "new, plain main()": [sys.executable, "-c", PLAIN_MAIN, *new_args],
         }
         samples = cold_rounds(commands)
-        counts = {"floor": instructions(commands["floor"]), "new": instructions(new)}
-    print(f"dsgen solve (cold process): {_ms(samples['solve'])} over {RUNS} runs")
-    print(f"dsgen new   (cold process): {_ms(samples['new'])} over {RUNS} runs  (target < 300 ms)")
+        counts = {
+            "floor": instructions(commands["floor"]),
+            "new": instructions(new),
+            "console": instructions(commands["new, console entry"]),
+            "plain": instructions(commands["new, plain main()"]),
+        }
+    new_median = statistics.median(samples["new"])
+    llm_median = statistics.median(samples["llm-analysis"])
+    ratio = new_median / llm_median
+    print(f"dsgen new    (cold process): {_ms(samples['new'])} over {RUNS} rounds")
+    print(f"llm-analysis (cold process, one fixed plan): {_ms(samples['llm-analysis'])}")
+    print(
+        f"ratio dsgen new / llm-analysis: {ratio:.2f} of medians, {_paired_ratio(samples['new'], samples['llm-analysis']):.2f} "
+        f"median of per-round ratios (goal <= {RATIO_GOAL}: {'met' if ratio <= RATIO_GOAL else 'NOT met'})"
+    )
     print(
         f"  the same rounds' floor (python importing typer, PyYAML, Jinja2; nothing of dsgen): {_ms(samples['floor'])}"
     )
+    saved = [p - c for p, c in zip(samples["new, plain main()"], samples["new, console entry"], strict=True)]
+    print(
+        f"console script: dsgen new through dsgen._console {_ms(samples['new, console entry'])}; "
+        f"plain dsgen.cli.main() {_ms(samples['new, plain main()'])}; "
+        f"saving: median of per-round differences {statistics.median(saved) * 1000:.0f} ms"
+    )
     print(breakdown())
-    if counts["new"] is not None and counts["floor"] is not None:
+    if None not in counts.values():
+        counted = {name: count or 0 for name, count in counts.items()}
         print(
-            f"instructions (callgrind; independent of machine load): one dsgen new {counts['new'] / 1e6:.0f} M, "
-            f"the floor {counts['floor'] / 1e6:.0f} M, dsgen's own share {(counts['new'] - counts['floor']) / 1e6:.0f} M"
+            f"instructions (callgrind; independent of machine load): one dsgen new {counted['new'] / 1e6:.0f} M, "
+            f"the floor {counted['floor'] / 1e6:.0f} M, dsgen's own share {(counted['new'] - counted['floor']) / 1e6:.0f} M; "
+            f"through the console entry {counted['console'] / 1e6:.0f} M, plain main() {counted['plain'] / 1e6:.0f} M"
         )
     else:
         print("instructions: not counted (valgrind is not installed)")
@@ -160,15 +242,15 @@ def main() -> None:
 
     spec = load_spec_text(SEVENTY_B_ON_64, file="70b-64gpu.yaml", base_dir=REPO)
     solve(spec)  # first call pays for lazy imports and caches
-    samples = []
+    in_process = []
     for _ in range(20):
         start = time.perf_counter()
         result = solve(spec)
-        samples.append(time.perf_counter() - start)
+        in_process.append(time.perf_counter() - start)
     print(
         f"in-process solve, llama-3.1-70b on 64 x h100-80gb, every dimension free: "
-        f"median {statistics.median(samples) * 1000:.1f} ms, {result.candidates_evaluated} candidates evaluated "
-        f"(target < 50 ms)"
+        f"median {statistics.median(in_process) * 1000:.1f} ms, {result.candidates_evaluated} candidates evaluated "
+        f"(goal < 50 ms)"
     )
 
 

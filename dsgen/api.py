@@ -1,13 +1,15 @@
 """The Python API behind the CLI: load a spec, solve it, render and validate the config.
 
 from dsgen.api import load_spec, solve_spec, render_plan
-spec = load_spec("examples/llama-3.1-8b-8xh100.yaml")
+spec = load_spec("examples/llama-3.1-8b-8xh100.yaml")   # or a mapping: load_spec({"model": ...})
 result = solve_spec(spec)
 rendered = render_plan(spec, result.best.plan)
+run_sweep_to("sweep.yaml", "runs/")                      # what ``dsgen sweep -o runs/`` does
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,15 +17,53 @@ from dsgen.plan import Plan
 from dsgen.render import Rendered, render
 from dsgen.solver import SolveResult, require_feasible, solve
 from dsgen.spec.loader import load_spec as _load_spec
+from dsgen.spec.loader import spec_from_data
 from dsgen.spec.types import Spec
+from dsgen.spec.yaml_source import SourceMap
+from dsgen.starter import StarterOptions, write_starter_spec
+
+__all__ = [
+    "StarterOptions",
+    "build_config",
+    "doctor",
+    "load_spec",
+    "render_plan",
+    "run_sweep_to",
+    "solve_spec",
+    "write_starter_spec",
+]
 
 if TYPE_CHECKING:
     from dsgen.doctor.diagnose import Diagnosis
+    from dsgen.sweep_output import Progress, SweepResult
 
 
-def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Spec:
-    """Read and validate a spec file; raises DsgenError (exit 2) with file:line on bad input."""
-    return _load_spec(path, overrides)
+def load_spec(
+    source: str | Path | Mapping[str, Any],
+    overrides: list[str] | tuple[str, ...] = (),
+    *,
+    base_dir: str | Path | None = None,
+) -> Spec:
+    """Read and validate a spec: a YAML file, or a mapping already in memory (a notebook's dict).
+
+    Raises DsgenError (exit 2) on bad input, naming the key path, and the file and line when
+    there is a file. Relative paths inside a mapping (``model.hf_config``) are read from
+    ``base_dir`` (default: the current directory); the mapping itself is not changed.
+    """
+    if isinstance(source, Mapping):
+        return spec_from_data(
+            _plain(source), SourceMap(None), base_dir=Path(base_dir or Path.cwd()), overrides=overrides
+        )
+    return _load_spec(source, overrides)
+
+
+def _plain(value: Any) -> Any:
+    """A deep copy of ``value`` as YAML would have produced it: dicts and lists, not other containers."""
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
 
 
 def solve_spec(spec: Spec, accounting: str = "dsgen") -> SolveResult:
@@ -65,3 +105,23 @@ def doctor(
     loaded_spec = spec if isinstance(spec, Spec) else load_spec(spec)
     args = training_args if isinstance(training_args, dict) or training_args is None else load_training_args(training_args)
     return diagnose(data, loaded_spec, world_size=world_size, trainer_args=args, error_text=error)
+
+
+def run_sweep_to(
+    path: str | Path,
+    output: str | Path | None,
+    *,
+    force: bool = False,
+    progress: Progress | None = None,
+) -> SweepResult:
+    """Solve every run of the sweep file at ``path`` and publish them as the directory ``output``.
+
+    ``output=None`` solves without writing anything (a dry run). The directory appears whole or
+    not at all; ``force`` replaces only a directory an earlier dsgen run wrote.
+    """
+    from dsgen.sweep import load_sweep
+    from dsgen.sweep_output import solve_sweep, write_sweep
+
+    if output is None:
+        return solve_sweep(load_sweep(path), progress)
+    return write_sweep(path, output, force=force, progress=progress)

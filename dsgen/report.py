@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Collection, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from dsgen.estimate.optimizers import CLIENT_OPTIMIZERS, is_client_optimizer
 from dsgen.plan import Plan
 from dsgen.solver import GIB, Evaluation, SolveResult, gib
 from dsgen.spec.types import Spec
 
+if TYPE_CHECKING:
+    from dsgen.sweep import Outcome
+
 PHASE_LABELS = {"forward_backward": "forward/backward", "optimizer_step": "the optimizer step"}
+# What each --accounting value prices model states with (the text output names the one used).
+ACCOUNTING_LABELS = {
+    "dsgen": "model states by dsgen's accounting",
+    "deepspeed-estimator": "model states by DeepSpeed's own estimator",
+}
 GPU_TERMS = ("parameters", "gradients", "optimizer_states", "activations", "buffers", "transient", "overhead")
 
 
@@ -129,25 +138,74 @@ def result_dict(result: SolveResult) -> dict[str, Any]:
     return body
 
 
+def text_table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Collection[int] = ()) -> str:
+    """Columns as wide as their widest cell, so every row lines up whatever its labels' lengths.
+
+    Columns whose index is in ``right`` are right-aligned (numbers); the rest left-aligned.
+    """
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+
+    def line(cells: Sequence[str]) -> str:
+        return " ".join(
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    return "\n".join(line(cells) for cells in (header, *rows))
+
+
 def ranked_table(result: SolveResult, top: int) -> str:
     """The ``--top N`` table: the N fastest feasible plans with memory, speed and MFU."""
     spec = result.spec
-    header = (
-        f"{'#':>3} {'stage':>5} {'offload':<22} {'zero++':<12} {'ckpt':<9} {'micro':>5} {'accum':>5} "
-        f"{'GPU GiB':>8} {'host GiB':>8} {'step s':>9} {'tokens/s':>11} {'MFU':>5}"
-    )
-    lines = [header]
-    for index, e in enumerate(result.ranked[:top], start=1):
-        p = e.plan
-        lines.append(
-            f"{index:>3} {p.zero_stage:>5} {p.offload_label():<22} {p.knobs.zeropp:<12} "
-            f"{p.checkpointing:<9} {p.micro_batch_size:>5} "
-            f"{p.gradient_accumulation_steps:>5} {e.memory.gpu.total / GIB:>8.1f} {e.memory.cpu.total / GIB:>8.1f} "
-            f"{e.step.total_s:>9.3f} {e.tokens_per_s:>11,.0f} {_mfu(e, spec):>5.1%}"
+    header = [
+        "#",
+        "stage",
+        "offload",
+        "zero++",
+        "ckpt",
+        "micro",
+        "accum",
+        "GPU GiB",
+        "host GiB",
+        "step s",
+        "tokens/s",
+        "MFU",
+    ]
+    rows = [
+        (
+            str(index),
+            str(e.plan.zero_stage),
+            e.plan.offload_label(),
+            e.plan.knobs.zeropp,
+            e.plan.checkpointing,
+            str(e.plan.micro_batch_size),
+            str(e.plan.gradient_accumulation_steps),
+            f"{e.memory.gpu.total / GIB:.1f}",
+            f"{e.memory.cpu.total / GIB:.1f}",
+            f"{e.step.total_s:.3f}",
+            f"{e.tokens_per_s:,.0f}",
+            f"{_mfu(e, spec):.1%}",
         )
-    if not result.ranked:
-        lines.append("    (no feasible plan)")
-    return "\n".join(lines)
+        for index, e in enumerate(result.ranked[:top], start=1)
+    ]
+    table = text_table(header, rows, right={0, 1, 5, 6, 7, 8, 9, 10, 11})
+    return table if rows else table + "\n    (no feasible plan)"
+
+
+def sweep_table(outcomes: Iterable[Outcome]) -> str:
+    """``dsgen sweep --dry-run``: each run's status, predicted memory and step time, and plan."""
+    rows = []
+    for o in outcomes:
+        e = o.evaluation
+        rows.append(
+            (
+                o.run.name,
+                o.status,
+                f"{e.memory.gpu.total / GIB:.1f}" if e else "-",
+                f"{e.step.total_s:.3f}" if e else "-",
+                e.plan.describe() if e and o.status == "ok" else (o.reason or ""),
+            )
+        )
+    return text_table(("run", "status", "GPU GiB", "step s", "plan"), rows, right={2, 3})
 
 
 def explanation(result: SolveResult) -> str:
@@ -236,7 +294,8 @@ def human_summary(result: SolveResult) -> str:
         f"batch     {p.global_batch_size} = micro {p.micro_batch_size} x accumulation "
         f"{p.gradient_accumulation_steps} x data-parallel {p.data_parallel_size}",
         "",
-        f"GPU memory per rank (capacity {gib(e.memory.gpu.capacity)}, usable {gib(e.usable_gpu_bytes)}):",
+        f"GPU memory per rank (capacity {gib(e.memory.gpu.capacity)}, usable {gib(e.usable_gpu_bytes)}; "
+        f"{ACCOUNTING_LABELS[result.accounting]}):",
     ]
     for term in GPU_TERMS:
         value = getattr(e.memory.gpu, term)

@@ -2,7 +2,7 @@
 
 A sweep is a base spec plus ``grid`` (cartesian product) and ``zip`` (varied together) key paths.
 Everything here is pure: :func:`load_sweep` reads and expands the file, :func:`run_sweep` turns
-runs into outcomes in memory. Writing files (all or nothing) is the CLI's job.
+runs into outcomes in memory. Writing them (all or nothing) is :mod:`dsgen.sweep_output`'s job.
 """
 
 from __future__ import annotations

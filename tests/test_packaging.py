@@ -21,6 +21,9 @@ def test_wheel_runs_dsgen_new_from_another_directory(tmp_path: Path) -> None:
     )
     assert built.returncode == 0, built.stderr[-3000:]
     (wheel,) = wheels.glob("dsgen-*.whl")
+    import dsgen
+
+    assert wheel.name.startswith(f"dsgen-{dsgen.__version__}-"), "the version is dsgen.__version__"
     names = set(zipfile.ZipFile(wheel).namelist())
     for required in (
         "dsgen/_data/templates/deepspeed.json.j2",

@@ -99,13 +99,44 @@ def test_existing_output_needs_force_and_dry_run_writes_nothing(tmp_path: Path, 
     (out / "keep.txt").write_text("old")
     refused = run_cli(["sweep", str(sweep), "-o", str(out)], capsys)
     assert refused.exit_code == 2 and "already exists" in refused.stderr
-    assert (out / "keep.txt").read_text() == "old"
+    not_ours = run_cli(["sweep", str(sweep), "-o", str(out), "--force"], capsys)
+    assert not_ours.exit_code == 2 and "is not a directory dsgen wrote" in not_ours.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"] and (out / "keep.txt").read_text() == "old"
     dry = run_cli(["sweep", str(sweep), "--dry-run"], capsys)
     assert dry.exit_code == 0 and "llama-3.2-1b-s4096-n2" in dry.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["base.yaml", "runs", "sweep.yaml"]
-    forced = run_cli(["sweep", str(sweep), "-o", str(out), "--force"], capsys)
-    assert forced.exit_code == 0
-    assert not (out / "keep.txt").exists() and (out / "manifest.jsonl").exists()
+    ours = tmp_path / "ours"
+    assert run_cli(["sweep", str(sweep), "-o", str(ours)], capsys).exit_code == 0
+    (ours / "stale.txt").write_text("from an older sweep")
+    forced = run_cli(["sweep", str(sweep), "-o", str(ours), "--force"], capsys)
+    assert forced.exit_code == 0, forced.stderr
+    assert not (ours / "stale.txt").exists() and (ours / "manifest.jsonl").exists()
+
+
+def test_published_directory_lists_what_dsgen_wrote(tmp_path: Path, capsys) -> None:
+    """The marker file names every file of the sweep, so --force knows the directory is dsgen's."""
+    out = tmp_path / "nested" / "runs"  # parents are created
+    assert run_cli(["sweep", str(write(tmp_path)), "-o", str(out)], capsys).exit_code == 0
+    on_disk = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and p.name != ".dsgen-output")
+    assert json.loads((out / ".dsgen-output").read_text()) == on_disk
+    assert len(on_disk) == 8 + 2  # one config per run, two manifests
+
+
+def test_api_writes_the_same_directory_as_the_cli(tmp_path: Path, capsys) -> None:
+    from dsgen.api import run_sweep_to
+
+    sweep = write(tmp_path)
+    assert run_cli(["sweep", str(sweep), "-o", str(tmp_path / "cli")], capsys).exit_code == 0
+    seen: list[tuple[str, int]] = []
+    result = run_sweep_to(sweep, tmp_path / "api", progress=lambda o, total: seen.append((o.run.name, total)))
+    assert result.output == tmp_path / "api" and result.feasible == 8 and result.infeasible == 0
+    assert [name for name, _ in seen] == [r["name"] for r in result.rows] and {t for _, t in seen} == {8}
+    for path in (tmp_path / "cli").rglob("*"):
+        if path.is_file():
+            assert (tmp_path / "api" / path.relative_to(tmp_path / "cli")).read_bytes() == path.read_bytes()
+    dry = run_sweep_to(sweep, None)
+    assert dry.output is None and [r["files"] for r in dry.rows] == [[]] * 8
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["api", "base.yaml", "cli", "sweep.yaml"]
 
 
 def test_infeasible_runs_are_recorded(tmp_path: Path, capsys) -> None:

@@ -17,21 +17,30 @@ from dsgen.errors import DsgenError, ExitCode
 
 
 def doctor(
-    config: Annotated[Path, typer.Argument(help="The DeepSpeed config the run used (JSON; comments allowed).")],
-    spec: Annotated[Path, typer.Option("--spec", help="Cluster spec: model, hardware, sequence length, attention.")],
+    config: Annotated[
+        Path, typer.Argument(help="The DeepSpeed config the run used (JSON; comments allowed).", metavar="CONFIG")
+    ],
+    spec: Annotated[
+        Path, typer.Option("--spec", help="Cluster spec: model, hardware, sequence length, attention.", metavar="SPEC")
+    ],
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")] = False,
     fix: Annotated[bool, typer.Option("--fix", help="Write the best fix (needs -o).")] = False,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Where --fix writes the fixed config.")] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Where --fix writes the fixed config.", metavar="PATH")
+    ] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --output file.")] = False,
     training_args: Annotated[
         Path | None,
-        typer.Option("--training-args", help='TrainingArguments as JSON, to resolve "auto" as the Trainer does.'),
+        typer.Option(
+            "--training-args", help='TrainingArguments as JSON, to resolve "auto" as the Trainer does.', metavar="PATH"
+        ),
     ] = None,
     world_size: Annotated[
-        int | None, typer.Option("--world-size", help="The launcher's world size (default: the spec's GPUs).")
+        int | None,
+        typer.Option("--world-size", help="The launcher's world size (default: the spec's GPUs).", metavar="N"),
     ] = None,
     error: Annotated[
-        str | None, typer.Option("--error", help="A PyTorch CUDA out-of-memory message to explain.")
+        str | None, typer.Option("--error", help="A PyTorch CUDA out-of-memory message to explain.", metavar="MESSAGE")
     ] = None,
 ) -> None:
     """Diagnose an existing DeepSpeed config: verdict, memory per phase, findings, ranked fixes."""

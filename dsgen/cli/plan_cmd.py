@@ -5,6 +5,7 @@ annotations that are already objects save it compiling each string again.
 """
 
 import json
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -16,7 +17,12 @@ from dsgen.errors import ExitCode
 SpecArg = Annotated[Path, typer.Argument(help="The spec YAML file.", show_default=False, metavar="SPEC")]
 SetOpt = Annotated[
     list[str] | None,
-    typer.Option("--set", "-s", help="Override a spec key, e.g. training.sequence_length=8192 (repeatable)."),
+    typer.Option(
+        "--set",
+        "-s",
+        help="Override a spec key, e.g. training.sequence_length=8192 (repeatable).",
+        metavar="KEY=VALUE",
+    ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (the output contract) instead of text.")]
 
@@ -30,7 +36,8 @@ AccountingOpt = Annotated[
     Accounting,
     typer.Option(
         "--accounting",
-        help="Model-state accounting: dsgen's (default) or DeepSpeed's own estimate_zero2/3 estimator.",
+        help="Model-state accounting: dsgen (default) or deepspeed-estimator (DeepSpeed's own estimate_zero2/3).",
+        metavar="ACCOUNTING",
     ),
 ]
 
@@ -46,7 +53,9 @@ def new(
     overrides: SetOpt = None,
     output: Annotated[
         Path | None,
-        typer.Option("--output", "-o", help="Where to write the config (default: output.path in the spec)."),
+        typer.Option(
+            "--output", "-o", help="Where to write the config (default: output.path in the spec).", metavar="PATH"
+        ),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")] = False,
     as_json: JsonOpt = False,
@@ -82,7 +91,7 @@ def solve(
     spec_file: SpecArg,
     overrides: SetOpt = None,
     as_json: JsonOpt = False,
-    top: Annotated[int, typer.Option("--top", min=0, help="Also list the N fastest feasible plans.")] = 0,
+    top: Annotated[int, typer.Option("--top", min=0, help="Also list the N fastest feasible plans.", metavar="N")] = 0,
     accounting: AccountingOpt = Accounting.dsgen,
 ) -> None:
     """Solve the spec and report the plan; nothing is written. Exit 3 when nothing fits."""
@@ -118,4 +127,4 @@ def explain(spec_file: SpecArg, overrides: SetOpt = None, accounting: Accounting
 
 
 # The commands this module provides, by the name users type (dsgen.cli registers them lazily).
-COMMANDS = {"new": new, "solve": solve, "explain": explain}
+COMMANDS: dict[str, Callable[..., None]] = {"new": new, "solve": solve, "explain": explain}

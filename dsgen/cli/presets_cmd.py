@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict
 from enum import Enum
 from typing import TYPE_CHECKING, Annotated
@@ -25,7 +26,9 @@ def register(app: typer.Typer) -> None:
 
 
 def presets(
-    kind: Annotated[PresetKind, typer.Argument(help="Which presets to list.")],
+    kind: Annotated[
+        PresetKind, typer.Argument(help="Which presets to list: gpus or models.", metavar="KIND", show_default=False)
+    ],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """List the GPU or model presets that specs can name."""
@@ -67,4 +70,4 @@ def _bf16_peak(gpu: GpuSpec) -> str:
 
 
 # The commands this module provides, by the name users type (dsgen.cli registers them lazily).
-COMMANDS = {"presets": presets}
+COMMANDS: dict[str, Callable[..., None]] = {"presets": presets}

@@ -1,209 +1,81 @@
-"""``dsgen sweep``: solve every run of a sweep file and write them all, or nothing."""
+"""``dsgen sweep``: solve every run of a sweep file and write them all, or nothing.
+
+The work (expanding, solving, publishing) is :mod:`dsgen.sweep_output`'s; this module parses the
+options, shows progress on stderr and prints the summary.
+"""
 
 from __future__ import annotations
 
-import csv
-import io
 import json
-import os
-import shutil
 import sys
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from dsgen.errors import DsgenError, ExitCode
 
-
-def register(app: typer.Typer) -> None:
-    """Add this module's commands to ``app``."""
-    for name, command in COMMANDS.items():
-        app.command(name)(command)
+if TYPE_CHECKING:
+    from dsgen.sweep import Outcome
+    from dsgen.sweep_output import SweepResult
 
 
 def sweep(
-    sweep_file: Annotated[Path, typer.Argument(help="The sweep YAML file.", show_default=False)],
+    sweep_file: Annotated[Path, typer.Argument(help="The sweep YAML file.", show_default=False, metavar="SWEEP")],
     output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="Directory to create with one folder per run.")
+        Path | None,
+        typer.Option("--output", "-o", help="Directory to create with one folder per run.", metavar="DIR"),
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the runs and their plans; write nothing.")] = False,
-    force: Annotated[bool, typer.Option("--force", help="Replace an existing output directory.")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace an output directory an earlier dsgen sweep wrote.")
+    ] = False,
     fail_on_infeasible: Annotated[
         bool, typer.Option("--fail-on-infeasible", help="Exit 3 if any run has no feasible plan.")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: print the manifest rows as JSON.")] = False,
 ) -> None:
     """Expand a sweep (grid x zip over a base spec) and solve, render and validate every run."""
-    from dsgen.sweep import load_sweep, manifest_row, run_sweep
+    from dsgen.api import run_sweep_to
+    from dsgen.report import sweep_table
 
     if not dry_run and output is None:
         raise DsgenError("missing --output DIR (or use --dry-run)")
-    if output is not None and not dry_run:
-        with _writing(output):
-            _check_output(output, force, sweep_file)
-    plan = load_sweep(sweep_file)
-    progress = _Progress(len(plan.runs))
+    progress = _Progress()
+    try:
+        result = run_sweep_to(sweep_file, None if dry_run else output, force=force, progress=progress)
+    finally:
+        progress.close()
     if dry_run:
-        outcomes = list(run_sweep(plan, progress))
-        progress.close()
-        rows = [manifest_row(plan, o, []) for o in outcomes]
-        if as_json:
-            typer.echo(json.dumps(rows, indent=2))
-        else:
-            typer.echo(_table(outcomes))
-        _finish(rows, None, fail_on_infeasible)
-        return
-    assert output is not None
-    with _writing(output):
-        staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-    try:
-        with _writing(output):
-            mask = os.umask(0)
-            os.umask(mask)
-            staging.chmod(0o777 & ~mask)  # mkdtemp creates 0700; the published directory gets the usual mode
-        rows = []
-        for outcome in run_sweep(plan, progress):
-            written = []
-            if outcome.rendered is not None:
-                with _writing(output):
-                    run_dir = staging / outcome.run.name
-                    run_dir.mkdir()
-                    (run_dir / "ds_config.json").write_text(outcome.rendered.text, encoding="utf-8")
-                written.append(f"{outcome.run.name}/ds_config.json")
-            rows.append(manifest_row(plan, outcome, written))
-        progress.close()
-        with _writing(output):
-            (staging / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-            (staging / "manifest.csv").write_text(_csv(rows, plan.varied_keys), encoding="utf-8")
-            _publish(staging, output)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    _finish(rows, output, fail_on_infeasible)
+        typer.echo(json.dumps(list(result.rows), indent=2) if as_json else sweep_table(result.outcomes))
+    _finish(result, fail_on_infeasible)
 
 
-@contextmanager
-def _writing(output: Path) -> Iterator[None]:
-    """Turn an OS failure while writing the sweep into one error naming the output directory.
-
-    Only file-system steps run under it, so an unrelated OSError (say, from starting worker
-    processes) is not misreported as a write failure.
-    """
-    from dsgen.output import cannot_write
-
-    try:
-        yield
-    except OSError as exc:
-        raise cannot_write(output, exc) from None
-
-
-def _contains_cwd(output: Path) -> bool:
-    """Whether ``output`` is the current directory or one of its ancestors.
-
-    Such a directory cannot be renamed out of the way (EBUSY for "."), and where the rename does
-    work, ``--force`` would delete the directory the user is standing in. Both the lexical and
-    the symlink-resolved forms are compared, so "..", "./" and a symlinked cwd are all caught.
-    """
-    cwd_forms = {Path(os.getcwd()), Path.cwd().resolve()}
-    output_forms = {Path(os.path.abspath(output)), output.resolve()}
-    return any(o == c or o in c.parents for o in output_forms for c in cwd_forms)
-
-
-def _check_output(output: Path, force: bool, sweep_file: Path) -> None:
-    """Refuse an output directory that --force would wrongly destroy, before any work is done."""
-    if _contains_cwd(output):
-        raise DsgenError(
-            f"{output} is the current directory or contains it; it cannot be the sweep output directory",
-            hint="name a new directory, e.g. -o runs/",
-        )
-    if output.resolve() in sweep_file.resolve().parents:
-        raise DsgenError(
-            f"{output} contains the sweep file {sweep_file}; replacing it would delete the sweep",
-            hint="write the runs to a directory of their own, e.g. -o runs/",
-        )
-    if output.exists() and not force:
-        raise DsgenError(f"{output} already exists", hint="pass --force to replace it")
-    if output.exists() and not output.is_dir():
-        raise DsgenError(f"{output} exists and is not a directory")
-    if not output.parent.is_dir():
-        raise DsgenError(f"parent directory does not exist: {output.parent}")
-
-
-def _publish(staging: Path, output: Path) -> None:
-    """Move the finished staging directory into place; an old one is removed only afterwards.
-
-    If the final rename fails, the old directory is put back, so a failed sweep changes nothing.
-    """
-    if output.exists():
-        retired = Path(tempfile.mkdtemp(prefix=f".{output.name}.old.", dir=output.parent))
-        retired.rmdir()
-        output.rename(retired)
-        try:
-            staging.rename(output)
-        except OSError:
-            retired.rename(output)
-            raise
-        shutil.rmtree(retired, ignore_errors=True)
-    else:
-        staging.rename(output)
-
-
-def _finish(rows: list[dict[str, Any]], output: Path | None, fail_on_infeasible: bool) -> None:
-    ok = sum(r["status"] == "ok" for r in rows)
-    infeasible = sum(r["status"] == "infeasible" for r in rows)
-    where = f"; wrote {output}/" if output else " (dry run, nothing written)"
-    typer.echo(f"sweep: {len(rows)} runs, {ok} feasible, {infeasible} infeasible{where}", err=output is None)
-    if fail_on_infeasible and infeasible:
+def _finish(result: SweepResult, fail_on_infeasible: bool) -> None:
+    where = f"; wrote {result.output}/" if result.output else " (dry run, nothing written)"
+    typer.echo(
+        f"sweep: {len(result.rows)} runs, {result.feasible} feasible, {result.infeasible} infeasible{where}",
+        err=result.output is None,
+    )
+    if fail_on_infeasible and result.infeasible:
         raise typer.Exit(int(ExitCode.INFEASIBLE))
-
-
-def _csv(rows: list[dict[str, Any]], varied_keys: tuple[str, ...]) -> str:
-    fixed = [k for k in rows[0] if k not in ("vars", "files")] if rows else []
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["name", *varied_keys, *[k for k in fixed if k != "name"], "files"])
-    for row in rows:
-        varied = [
-            json.dumps(row["vars"][k]) if not isinstance(row["vars"][k], str) else row["vars"][k] for k in varied_keys
-        ]
-        rest = ["" if row[k] is None else row[k] for k in fixed if k != "name"]
-        writer.writerow([row["name"], *varied, *rest, ";".join(row["files"])])
-    return buffer.getvalue()
-
-
-def _table(outcomes: list[Any]) -> str:
-    lines = [f"{'run':<40} {'status':<10} {'GPU GiB':>8} {'step s':>9}  plan"]
-    for o in outcomes:
-        e = o.evaluation
-        gib = f"{e.memory.gpu.total / 2**30:.1f}" if e else "-"
-        step = f"{e.step.total_s:.3f}" if e else "-"
-        detail = e.plan.describe() if e and o.status == "ok" else (o.reason or "")
-        lines.append(f"{o.run.name:<40} {o.status:<10} {gib:>8} {step:>9}  {detail}")
-    return "\n".join(lines)
 
 
 class _Progress:
     """A progress bar on a terminal; one plain line per run otherwise (logs, CI)."""
 
-    def __init__(self, total: int) -> None:
-        self.total = total
+    def __init__(self) -> None:
         self.done = 0
         self.tty = sys.stderr.isatty()
 
-    def __call__(self, outcome: Any) -> None:
+    def __call__(self, outcome: Outcome, total: int) -> None:
         self.done += 1
         if self.tty:
-            filled = 30 * self.done // max(self.total, 1)
-            sys.stderr.write(
-                f"\r[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total} {outcome.run.name[:40]:<40}"
-            )
+            filled = 30 * self.done // max(total, 1)
+            sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{total} {outcome.run.name[:40]:<40}")
             sys.stderr.flush()
         else:
-            sys.stderr.write(f"[{self.done}/{self.total}] {outcome.run.name}: {outcome.status}\n")
+            sys.stderr.write(f"[{self.done}/{total}] {outcome.run.name}: {outcome.status}\n")
 
     def close(self) -> None:
         if self.tty and self.done:

@@ -16,6 +16,7 @@ Heavy imports happen inside the commands so registering them costs nothing at CL
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -44,19 +45,29 @@ def validate(
             help="DeepSpeed config files (JSON; // and # comments and "
             "trailing commas are accepted, as DeepSpeed does).",
             show_default=False,
+            metavar="CONFIG...",
         ),
     ],
     world_size: Annotated[
-        int | None, typer.Option("--world-size", help="Also check the batch keys for this many data-parallel ranks.")
+        int | None,
+        typer.Option("--world-size", help="Also check the batch keys for this many data-parallel ranks.", metavar="N"),
     ] = None,
     target: Annotated[
-        str, typer.Option("--target", help='Launcher that fills "auto" values: deepspeed, hf-trainer or accelerate.')
+        str,
+        typer.Option(
+            "--target", help='Launcher that fills "auto" values: deepspeed, hf-trainer or accelerate.', metavar="TARGET"
+        ),
     ] = "deepspeed",
     deepspeed_version: Annotated[
-        str, typer.Option("--deepspeed-version", help="DeepSpeed release to check against: 0.14, 0.16 or 0.19.")
+        str,
+        typer.Option(
+            "--deepspeed-version", help="DeepSpeed release to check against: 0.14, 0.16 or 0.19.", metavar="VERSION"
+        ),
     ] = "0.19",
     strict: Annotated[bool, typer.Option("--strict", help="Treat warnings (e.g. ignored keys) as errors.")] = False,
-    fmt: Annotated[str, typer.Option("--format", help="Output format: human, json or github.")] = "human",
+    fmt: Annotated[
+        str, typer.Option("--format", help="Output format: human, json or github.", metavar="FORMAT")
+    ] = "human",
     as_json: Annotated[bool, typer.Option("--json", help="Same as --format json.")] = False,
 ) -> None:
     """Lint DeepSpeed configs: the full DeepSpeed schema plus the cross-field rules DeepSpeed misses."""
@@ -99,7 +110,7 @@ def validate(
 
 
 def schema(
-    name: Annotated[str, typer.Argument(help="Which schema: deepspeed, spec or sweep.")] = "deepspeed",
+    name: Annotated[str, typer.Argument(help="Which schema: deepspeed, spec or sweep.", metavar="NAME")] = "deepspeed",
 ) -> None:
     """Print a JSON Schema shipped with dsgen (for editors and other tools)."""
     from dsgen.resources import schema_path
@@ -114,4 +125,4 @@ def schema(
 
 
 # The commands this module provides, by the name users type (dsgen.cli registers them lazily).
-COMMANDS = {"validate": validate, "schema": schema}
+COMMANDS: dict[str, Callable[..., None]] = {"validate": validate, "schema": schema}
