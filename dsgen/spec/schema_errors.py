@@ -52,6 +52,8 @@ def describe(schema: dict[str, Any], root: dict[str, Any]) -> str:
         return describe(_resolve(schema["$ref"], root), root)
     if "const" in schema:
         return show(schema["const"])
+    if "x-dsgen-preset" in schema:
+        return _TYPE_WORDS["string"]  # not the whole list: the catalog's message names the close ones
     if "enum" in schema:
         return "one of " + ", ".join(show(v) for v in schema["enum"])
     for key in ("oneOf", "anyOf"):
@@ -124,6 +126,8 @@ def _explain(error: Any, validator: Any, source: SourceMap | None = None) -> tup
             if sub:
                 return _explain(_pick(sub, source), validator, source)
         return path, f"must be {describe(schema, root)}, got {show(error.instance)}", None
+    if keyword == "enum" and "x-dsgen-preset" in schema:
+        return (path, *_unknown_preset(schema["x-dsgen-preset"], error.instance))
     if keyword == "enum":
         allowed = [str(v) for v in schema["enum"]]
         close = difflib.get_close_matches(str(error.instance), allowed, n=1, cutoff=0.6)
@@ -139,6 +143,17 @@ def _explain(error: Any, validator: Any, source: SourceMap | None = None) -> tup
     if keyword == "minLength":
         return path, f"must be a non-empty string, got {show(error.instance)}", None
     return path, f"must be {describe(schema, root)}, got {show(error.instance)}", None
+
+
+def _unknown_preset(kind: str, name: str) -> tuple[str, str | None]:
+    """The catalog's own message for a name its enum does not list (did-you-mean and the full list)."""
+    from dsgen.catalog.presets import get_gpu, get_model
+
+    try:
+        (get_gpu if kind == "gpu" else get_model)(name)
+    except DsgenError as error:
+        return error.message, error.hint
+    return f"unknown {kind} preset {name!r}", None  # only if the enum and the catalog drifted apart
 
 
 def _unknown_key(error: Any, source: SourceMap | None) -> str:

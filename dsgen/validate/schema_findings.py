@@ -195,7 +195,9 @@ def check(config: Any, version: str) -> SchemaResult:
         ancestors = _ancestors(root, error.absolute_schema_path)
         if any("x-dsgen-removed" in node for node in (*ancestors, error.schema)):
             continue  # reported by the removed-key rule with DeepSpeed's own message
-        if error.validator == "additionalProperties" or (error.validator == _PARSER and error.validator_value == "dict"):
+        if error.validator == "additionalProperties" or (
+            error.validator == _PARSER and error.validator_value == "dict"
+        ):
             unknown.append(error)
         elif error.validator == _PARSER:
             free_autos.append(error)
