@@ -182,7 +182,7 @@ def test_shipped_file_is_what_resources_finds() -> None:
     assert json.loads(Path(schema_path("deepspeed")).read_text()) == base_schema()
 
 
-# -- dsgen's interpreter and jsonschema agree -------------------------------------------------
+# -- a config gets a schema finding exactly when plain jsonschema finds it invalid -----------------
 def _has_auto(value: Any) -> bool:
     if isinstance(value, dict):
         return any(_has_auto(v) for v in value.values())

@@ -209,7 +209,7 @@ def check(config: Any, version: str) -> SchemaResult:
         if any(place[:depth] in failed for depth in range(len(place))):
             continue  # DeepSpeed (and dsgen) never look inside a value that is already wrong
         errors = by_place[place]
-        error, pydantic = min(errors, key=lambda item: _KEYWORD_ORDER.index(item[0].validator))
+        error, pydantic = min(errors, key=lambda item: _rank(item[0].validator))
         pointer = _pointer(place)
         autos = [error] if _is_auto(error) else _autos_of_passing_branch(error)
         for auto in autos:  # the auto-value rule decides
@@ -224,6 +224,10 @@ def check(config: Any, version: str) -> SchemaResult:
         result.issues.extend(_unknown_keys(error))
     result.autos = list(sites.values())
     return result
+
+
+def _rank(keyword: str) -> int:
+    return _KEYWORD_ORDER.index(keyword) if keyword in _KEYWORD_ORDER else len(_KEYWORD_ORDER)
 
 
 def _is_auto(error: Any) -> bool:
@@ -298,8 +302,9 @@ def _issue(error: Any, pointer: str, pydantic: bool) -> Issue:
         low, high = schema.get("minItems", 0), schema.get("maxItems")
         size = str(low) if high == low else f"{low}..{high if high is not None else ''}"
         return _make("invalid-value", pointer, f"{name} has {len(value)} items; expected {size}", schema, checked)
-    # minimum, exclusiveMinimum, maximum, exclusiveMaximum: jsonschema's keyword is the bound broken
-    sign = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}[keyword]
+    sign = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}.get(keyword)
+    if sign is None:  # a keyword the schema may use one day: jsonschema's own words
+        return _make("invalid-value", pointer, f"{name}: {error.message}", schema, checked)
     message = f"{name} is {_short(value)}; it must be {sign} {error.validator_value}"
     return _make("out-of-range", pointer, message, schema, checked)
 
