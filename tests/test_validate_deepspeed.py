@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from dsgen.errors import DsgenError
 from dsgen.validate import Report, validate_config
 from dsgen.validate.loader import loads
-from dsgen.validate.schema_check import base_schema
+from dsgen.validate.schema_findings import base_schema
 from dsgen.validate.versions import removed_keys
 from tests.conftest import require_module
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dsgen.validate import RULES, Report, validate_config
-from dsgen.validate.schema_check import base_schema
+from dsgen.validate.schema_findings import base_schema
 
 MB = {"train_micro_batch_size_per_gpu": 2}
 ADAMW = {"type": "AdamW", "params": {"lr": 1e-4}}

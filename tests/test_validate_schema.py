@@ -1,5 +1,5 @@
-"""schemas/deepspeed.schema.json: a valid 2020-12 schema, complete, and read the same way by dsgen's
-own interpreter (schema_check) as by the reference jsonschema implementation."""
+"""schemas/deepspeed.schema.json: a valid 2020-12 schema, complete, checked by jsonschema itself (plus
+dsgen's x-dsgen-parser keyword), and every error jsonschema finds becomes a finding."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from dsgen.resources import schema_path
 from dsgen.validate import validate_config
 from dsgen.validate.loader import loads
 from dsgen.validate.rules.context import ZERO_ALIASES
-from dsgen.validate.schema_check import SUPPORTED_KEYWORDS, base_schema, iter_keywords, schema_for
+from dsgen.validate.schema_findings import base_schema, schema_for, validator_class
 from dsgen.validate.versions import PROFILES, SUPPORTED
 from tests.conftest import require_module
 
@@ -91,9 +91,35 @@ def test_schema_is_valid_2020_12(jsonschema: Any, version: str) -> None:
     jsonschema.Draft202012Validator.check_schema(schema)
 
 
-def test_interpreter_supports_every_keyword_used() -> None:
+def test_validation_is_jsonschemas_own(jsonschema: Any) -> None:
+    """dsgen adds one annotation keyword and reads "auto" as a placeholder; every JSON Schema
+    keyword is checked by jsonschema's own implementation."""
+    ours, theirs = validator_class(), jsonschema.Draft202012Validator
+    assert set(ours.VALIDATORS) - set(theirs.VALIDATORS) == {"x-dsgen-parser"}
+    assert all(ours.VALIDATORS[k] is theirs.VALIDATORS[k] for k in theirs.VALIDATORS)
+    checker = ours.TYPE_CHECKER
+    assert checker.is_type("fp16", "string") and not checker.is_type("auto", "string")
+    assert all(checker.is_type(v, "integer") for v in (3, 2.0)) and not checker.is_type(True, "integer")
+
+
+def test_auto_is_valid_only_where_the_schema_names_it() -> None:
+    """The placeholder reading of "auto" is right only if no node both types a value as a string
+    and lists "auto" among its values (there, jsonschema would refuse an "auto" the schema allows)."""
+
+    def nodes(schema: Any) -> Iterator[dict[str, Any]]:
+        if isinstance(schema, dict):
+            yield schema
+            for value in schema.values():
+                yield from nodes(value)
+        elif isinstance(schema, list):
+            for value in schema:
+                yield from nodes(value)
+
     for version in SUPPORTED:
-        assert set(iter_keywords(schema_for(version))) <= SUPPORTED_KEYWORDS
+        for node in nodes(schema_for(version)):
+            kinds = node.get("type", [])
+            if "string" in ([kinds] if isinstance(kinds, str) else kinds):
+                assert "auto" not in node.get("enum", ()) and node.get("const") != "auto", node
 
 
 def test_every_key_has_a_default() -> None:
@@ -156,7 +182,7 @@ def test_shipped_file_is_what_resources_finds() -> None:
     assert json.loads(Path(schema_path("deepspeed")).read_text()) == base_schema()
 
 
-# -- dsgen's interpreter and jsonschema agree -------------------------------------------------
+# -- a config gets a schema finding exactly when plain jsonschema finds it invalid -----------------
 def _has_auto(value: Any) -> bool:
     if isinstance(value, dict):
         return any(_has_auto(v) for v in value.values())

@@ -62,6 +62,12 @@ def published_parameter_counts() -> dict[str, int]:
     return dict(_models()[1])
 
 
+def family_defaults(family: str) -> dict[str, Any]:
+    """The ModelShape fields one family fixes (``data/model-families.yaml``): what an inline
+    ``model.architecture`` block, like a preset file, leaves out. A fresh dict."""
+    return _family(family, FAMILIES_FILE)
+
+
 def get_gpu(name: str, *, path: str = "hardware.gpu", location: Location | None = None) -> GpuSpec:
     """Look up a GPU preset; an unknown name raises :class:`DsgenError` with suggestions."""
     return _lookup(

@@ -7,6 +7,7 @@ the key path and the line it came from.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from dsgen.catalog.model_shape import ModelShape
 from dsgen.errors import DsgenError
 from dsgen.estimate.optimizers import CLIENT_OPTIMIZERS, is_client_optimizer
 from dsgen.resources import schema_path
+from dsgen.spec.defaults import spec_default
 from dsgen.spec.overrides import apply_overrides
 from dsgen.spec.schema_errors import check_against_schema
 from dsgen.spec.types import (
@@ -30,46 +32,16 @@ from dsgen.spec.types import (
 )
 from dsgen.spec.yaml_source import SourceMap, format_path, load_yaml, read_source
 
-# Layout defaults per family for inline ``architecture`` blocks (what each family's HF code builds).
-_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "llama": {},
-    "mistral": {},
-    "qwen2": {"attention_bias": True},
-    "phi3": {},
-    "mixtral": {},
-    "gemma2": {"mlp": "geglu", "norms_per_layer": 4, "tie_word_embeddings": True},
-    "gpt2": {
-        "mlp": "gelu",
-        "norm": "layernorm",
-        "tie_word_embeddings": True,
-        "attention_bias": True,
-        "attention_out_bias": True,
-        "mlp_bias": True,
-        "dropout": 0.1,
-        "learned_positions": True,
-    },
-    "gpt_neox": {
-        "mlp": "gelu",
-        "norm": "layernorm",
-        "attention_bias": True,
-        "attention_out_bias": True,
-        "mlp_bias": True,
-    },
-    "bert": {
-        "mlp": "gelu",
-        "norm": "layernorm",
-        "attention_bias": True,
-        "attention_out_bias": True,
-        "mlp_bias": True,
-        "dropout": 0.1,
-        "learned_positions": True,
-        "token_type_embeddings": 2,
-        "embedding_norm": True,
-        "final_norm": False,
-        "pooler": True,
-        "encoder_only": True,
-    },
-}
+#: The keys of an inline GPU whose defaults the schema gives (peak_tflops_fp32 is derived).
+_INLINE_GPU_DEFAULTS = (
+    "name",
+    "bf16",
+    "fp16",
+    "peak_tflops",
+    "memory_bandwidth_gbps",
+    "interconnect_bandwidth_gbps",
+    "pcie_bandwidth_gbps",
+)
 
 # constraints.activation_checkpointing as the spec writes it -> the solver's checkpointing mode
 CHECKPOINTING_PINS = {False: "none", True: "full", "selective": "selective"}
@@ -110,6 +82,7 @@ def spec_from_data(
         )
     apply_overrides(data, overrides, source)
     normalise_numbers(data, (), source)
+    normalise_preset_names(data)
     check_against_schema(data, schema_path("spec"), source)
     return _SpecBuilder(source, base_dir).build(data)
 
@@ -148,6 +121,24 @@ def normalise_numbers(value: Any, path: tuple[str | int, ...], source: SourceMap
     return value
 
 
+def normalise_preset_names(data: dict[str, Any]) -> None:
+    """Write preset names the way the schema's enums list them (``A100_80GB`` -> ``a100-80gb``),
+    when they name a preset; an unknown name is left for the schema check to report."""
+    from dsgen.catalog.presets import get_gpu, get_model
+
+    for section, key, lookup in (("hardware", "gpu", get_gpu), ("model", "preset", get_model)):
+        block = data.get(section)
+        if isinstance(block, dict) and isinstance(block.get(key), str):
+            with contextlib.suppress(DsgenError):  # an unknown name: the schema check reports it
+                block[key] = lookup(block[key]).name
+
+
+def _given(block: dict[str, Any], *keys: str, floats: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The keys a spec block sets (the dataclasses hold the schema's defaults for the others);
+    ``floats`` are stored as floats even when written as integers."""
+    return {key: float(block[key]) if key in floats else block[key] for key in keys if key in block}
+
+
 class _SpecBuilder:
     """Schema-valid data -> dataclasses, with the semantic checks a schema cannot express."""
 
@@ -164,8 +155,7 @@ class _SpecBuilder:
         training = self.training(data["training"], hardware)
         constraints = self.constraints(data.get("constraints", {}), hardware)
         self.check_client_optimizer(training, constraints)
-        out = data.get("output", {})
-        output = Output(target=out.get("target", "deepspeed"), path=out.get("path", "ds_config.json"))
+        output = Output(**_given(data.get("output", {}), "target", "path"))
         key_lines = tuple(
             (".".join(str(part) for part in path), line)
             for path, line in sorted(self.source.lines.items(), key=lambda item: item[1])
@@ -213,57 +203,40 @@ class _SpecBuilder:
         return shape
 
     def architecture(self, arch: dict[str, Any], name: str) -> ModelShape:
-        family = arch.get("family", "llama")
-        defaults = dict(_FAMILY_DEFAULTS[family])
-        heads = arch["num_attention_heads"]
-        hidden = arch["hidden_size"]
-        kv_heads = arch.get("num_key_value_heads", heads)
+        """An inline architecture: the numbers given, and the rest from the family's entry in
+        ``model-families.yaml``, the file the presets of that family are built from."""
+        from dsgen.catalog.presets import family_defaults
+
+        values = {**family_defaults(arch.get("family", spec_default("$defs.architecture.family"))), **arch}
+        heads = values["num_attention_heads"]
+        hidden = values["hidden_size"]
+        kv_heads = values.setdefault("num_key_value_heads", heads)
         base = ("model", "architecture")
         if heads % kv_heads:
             raise self.fail(
                 (*base, "num_key_value_heads"), f"must divide num_attention_heads ({heads}), got {kv_heads}"
             )
-        head_dim = arch.get("head_dim")
-        if head_dim is None:
+        if "head_dim" not in values:
             if hidden % heads:
                 raise self.fail(
                     (*base, "num_attention_heads"),
                     f"must divide hidden_size ({hidden}) unless head_dim is given, got {heads}",
                 )
-            head_dim = hidden // heads
-        mlp = arch.get("mlp", defaults.pop("mlp", "swiglu"))
-        intermediate = arch.get("intermediate_size")
-        if intermediate is None:
-            intermediate = 4 * hidden if mlp == "gelu" else -(-int(8 * hidden / 3) // 256) * 256
-        experts = arch.get("num_experts", 0)
-        per_token = arch.get("experts_per_token", 2 if experts else 0)
+            values["head_dim"] = hidden // heads
+        if "intermediate_size" not in values:
+            gelu = values["mlp"] == "gelu"
+            values["intermediate_size"] = 4 * hidden if gelu else -(-int(8 * hidden / 3) // 256) * 256
+        experts = values["num_experts"]
+        if "experts_per_token" not in arch:
+            values["experts_per_token"] = 2 if experts else 0  # Mixtral's top-2 routing
+        per_token = values["experts_per_token"]
         if experts and not 1 <= per_token <= experts:
             raise self.fail(
                 (*base, "experts_per_token"), f"must be between 1 and num_experts ({experts}), got {per_token}"
             )
-        max_positions = arch.get("max_position_embeddings", 4096)
-        learned = defaults.pop("learned_positions", False)
-        return ModelShape(
-            name=name,
-            family=family,
-            num_layers=arch["num_layers"],
-            hidden_size=hidden,
-            num_attention_heads=heads,
-            num_key_value_heads=kv_heads,
-            head_dim=head_dim,
-            intermediate_size=intermediate,
-            vocab_size=arch["vocab_size"],
-            mlp=mlp,
-            norm=arch.get("norm", defaults.pop("norm", "rmsnorm")),
-            tie_word_embeddings=arch.get("tie_word_embeddings", defaults.pop("tie_word_embeddings", False)),
-            attention_bias=arch.get("attention_bias", defaults.pop("attention_bias", False)),
-            mlp_bias=arch.get("mlp_bias", defaults.pop("mlp_bias", False)),
-            learned_position_embeddings=max_positions if learned else 0,
-            num_experts=experts,
-            experts_per_token=per_token,
-            max_position_embeddings=max_positions,
-            **defaults,
-        )
+        if values["learned_position_embeddings"]:  # a family with a learned table: one row per position
+            values["learned_position_embeddings"] = values["max_position_embeddings"]
+        return ModelShape(name=name, **values)
 
     # ---- hardware ------------------------------------------------------------------------
     def hardware(self, block: dict[str, Any]) -> Hardware:
@@ -273,34 +246,38 @@ class _SpecBuilder:
 
             gpu = get_gpu(gpu_value, path="hardware.gpu", location=self.source.location(("hardware", "gpu")))
         else:
-            peak = gpu_value.get("peak_tflops", 100.0)
+            inline = {key: spec_default(f"$defs.gpu.{key}") for key in _INLINE_GPU_DEFAULTS} | gpu_value
+            peak = inline["peak_tflops"]
             gpu = GpuSpec(
-                name=gpu_value.get("name", "custom-gpu"),
-                memory_gib=gpu_value["memory_gib"],
-                bf16=gpu_value.get("bf16", True),
-                fp16=gpu_value.get("fp16", True),
+                name=inline["name"],
+                memory_gib=inline["memory_gib"],
+                bf16=inline["bf16"],
+                fp16=inline["fp16"],
                 peak_tflops_bf16=peak,
                 peak_tflops_fp16=peak,
-                peak_tflops_fp32=gpu_value.get("peak_tflops_fp32", peak / 8),
-                memory_bandwidth_gbps=gpu_value.get("memory_bandwidth_gbps", 1000.0),
-                interconnect_bandwidth_gbps=gpu_value.get("interconnect_bandwidth_gbps", 25.0),
-                pcie_bandwidth_gbps=gpu_value.get("pcie_bandwidth_gbps", 25.0),
+                peak_tflops_fp32=inline.get("peak_tflops_fp32", peak / 8),  # FP32 without tensor cores
+                memory_bandwidth_gbps=inline["memory_bandwidth_gbps"],
+                interconnect_bandwidth_gbps=inline["interconnect_bandwidth_gbps"],
+                pcie_bandwidth_gbps=inline["pcie_bandwidth_gbps"],
                 description="described inline in the spec",
             )
         nvme = block.get("nvme")
         return Hardware(
             gpu=gpu,
-            gpus_per_node=block.get("gpus_per_node", 8),
-            nodes=block.get("nodes", 1),
-            cpu_memory_gib=block.get("cpu_memory_gib", 512.0),
-            inter_node_bandwidth_gbps=block.get("inter_node_bandwidth_gbps", 25.0),
-            cpu_optimizer_gparams_per_s=block.get("cpu_optimizer_gparams_per_s", 2.0),
-            nvme=NvmeSpec(nvme["path"], nvme["capacity_gib"], nvme.get("bandwidth_gbps", 3.0)) if nvme else None,
+            nvme=NvmeSpec(**_given(nvme, "path", "capacity_gib", "bandwidth_gbps")) if nvme else None,
+            **_given(
+                block,
+                "gpus_per_node",
+                "nodes",
+                "cpu_memory_gib",
+                "inter_node_bandwidth_gbps",
+                "cpu_optimizer_gparams_per_s",
+            ),
         )
 
     # ---- training ------------------------------------------------------------------------
     def training(self, block: dict[str, Any], hardware: Hardware) -> Training:
-        precision = block.get("precision", "auto")
+        precision = block.get("precision")
         gpu = hardware.gpu
         if precision == "bf16" and not gpu.bf16:
             raise self.fail(
@@ -315,28 +292,24 @@ class _SpecBuilder:
             found = f"got {' and '.join(given)}" if given else "got neither"
             raise self.fail(("training",), f"give exactly one of global_batch_size or tokens_per_step ({found})")
         opt = block.get("optimizer", {})
-        betas = tuple(opt.get("betas", (0.9, 0.999)))
-        sched = block.get("scheduler", {})
+        optimizer = _given(
+            opt, "type", "lr", "weight_decay", "eps", "momentum", floats=("lr", "weight_decay", "eps", "momentum")
+        )
+        if "betas" in opt:
+            optimizer["betas"] = (float(opt["betas"][0]), float(opt["betas"][1]))
         return Training(
-            sequence_length=block["sequence_length"],
-            global_batch_size=block.get("global_batch_size"),
-            tokens_per_step=block.get("tokens_per_step"),
-            precision=precision,
-            attention=block.get("attention", "flash"),
-            gradient_clipping=float(block.get("gradient_clipping", 1.0)),
-            mfu=block.get("mfu"),
-            optimizer=Optimizer(
-                type=opt.get("type", "adamw"),
-                lr=float(opt.get("lr", 1e-4)),
-                weight_decay=float(opt.get("weight_decay", 0.0)),
-                betas=(float(betas[0]), float(betas[1])),
-                eps=float(opt.get("eps", 1e-8)),
-                momentum=float(opt.get("momentum", 0.9)),
-            ),
-            scheduler=Scheduler(
-                type=sched.get("type", "warmup_decay"),
-                warmup_steps=sched.get("warmup_steps", 100),
-                total_steps=sched.get("total_steps", 10000),
+            optimizer=Optimizer(**optimizer),
+            scheduler=Scheduler(**_given(block.get("scheduler", {}), "type", "warmup_steps", "total_steps")),
+            **_given(
+                block,
+                "sequence_length",
+                "global_batch_size",
+                "tokens_per_step",
+                "precision",
+                "attention",
+                "gradient_clipping",
+                "mfu",
+                floats=("gradient_clipping",),
             ),
         )
 
@@ -359,8 +332,8 @@ class _SpecBuilder:
 
     def constraints(self, block: dict[str, Any], hardware: Hardware) -> Constraints:
         def pinned(key: str) -> Any:
-            value = block.get(key, "auto")
-            return None if value == "auto" else value
+            value = block.get(key)
+            return None if value == "auto" else value  # "auto" (the default): the solver chooses
 
         stage = pinned("zero_stage")
         offload_optimizer = pinned("offload_optimizer")
@@ -389,6 +362,5 @@ class _SpecBuilder:
             activation_checkpointing=CHECKPOINTING_PINS.get(pinned("activation_checkpointing")),
             micro_batch_size=pinned("micro_batch_size"),
             gradient_accumulation_steps=pinned("gradient_accumulation_steps"),
-            memory_headroom=float(block.get("memory_headroom", 0.10)),
-            allow_batch_rounding=block.get("allow_batch_rounding", "none"),
+            **_given(block, "memory_headroom", "allow_batch_rounding", floats=("memory_headroom",)),
         )

@@ -1,8 +1,9 @@
-"""Turn JSON Schema violations into one human sentence that names the key and its line.
+"""Check spec and sweep data with ``jsonschema`` and turn the first violation into one human sentence.
 
 jsonschema's own messages ("-3 is less than the minimum of 1") are accurate but do not say which
-key, where, or what to type instead. Here each failing keyword gets a phrasing of what the value
-must be, and unknown keys get a did-you-mean.
+key, where, or what to type instead. Here the error the user meets first in the file is picked,
+its keyword gets a phrasing of what the value must be (from the failing subschema), and unknown
+keys get a did-you-mean. ``jsonschema`` is imported when the first document is checked.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from dsgen.errors import DsgenError
-from dsgen.jsontypes import json_type
-from dsgen.spec.schema_lite import LiteValidator
 from dsgen.spec.yaml_source import KeyPath, SourceMap, format_path
 
 _TYPE_WORDS = {
@@ -30,9 +29,11 @@ _TYPE_WORDS = {
 
 
 @cache
-def load_validator(schema_file: Path) -> LiteValidator:
-    """Load a schema once per process (see :mod:`dsgen.spec.schema_lite` for why not jsonschema)."""
-    return LiteValidator(json.loads(schema_file.read_text(encoding="utf-8")))
+def load_validator(schema_file: Path) -> Any:
+    """jsonschema's Draft 2020-12 validator for one schema file, built once per process."""
+    import jsonschema  # imported when the first document is checked, not with the loader
+
+    return jsonschema.Draft202012Validator(json.loads(schema_file.read_text(encoding="utf-8")))
 
 
 def show(value: Any) -> str:
@@ -51,6 +52,8 @@ def describe(schema: dict[str, Any], root: dict[str, Any]) -> str:
         return describe(_resolve(schema["$ref"], root), root)
     if "const" in schema:
         return show(schema["const"])
+    if "x-dsgen-preset" in schema:
+        return _TYPE_WORDS["string"]  # not the whole list: the catalog's message names the close ones
     if "enum" in schema:
         return "one of " + ", ".join(show(v) for v in schema["enum"])
     for key in ("oneOf", "anyOf"):
@@ -78,7 +81,7 @@ def describe(schema: dict[str, Any], root: dict[str, Any]) -> str:
     if isinstance(kind, str):
         return _TYPE_WORDS.get(kind, kind)
     if isinstance(kind, list):
-        return " or ".join(_TYPE_WORDS.get(k, k) for k in kind)
+        return " or ".join(_TYPE_WORDS.get(k, str(k)) for k in kind)
     return "a valid value"
 
 
@@ -89,19 +92,20 @@ def _resolve(ref: str, root: dict[str, Any]) -> dict[str, Any]:
     return node
 
 
-def _accepts_type(schema: dict[str, Any], value: Any, root: dict[str, Any]) -> bool:
+def _accepts_type(schema: dict[str, Any], value: Any, root: dict[str, Any], validator: Any) -> bool:
+    """Does this ``oneOf`` alternative take values of ``value``'s type (jsonschema's type test)?"""
     if "$ref" in schema:
         schema = _resolve(schema["$ref"], root)
     kind = schema.get("type")
-    actual = json_type(value)
     if kind is None:
         return "const" in schema and type(schema["const"]) is type(value)
     kinds = kind if isinstance(kind, list) else [kind]
-    return actual in kinds or (actual == "integer" and "number" in kinds)
+    return any(validator.is_type(value, k) for k in kinds)
 
 
-def _explain(error: Any, root: dict[str, Any], source: SourceMap | None = None) -> tuple[KeyPath, str, str | None]:
+def _explain(error: Any, validator: Any, source: SourceMap | None = None) -> tuple[KeyPath, str, str | None]:
     """(key path, message, hint) for one jsonschema ValidationError."""
+    root = validator.schema
     path: KeyPath = tuple(error.absolute_path)
     keyword = error.validator
     schema = error.schema
@@ -116,12 +120,14 @@ def _explain(error: Any, root: dict[str, Any], source: SourceMap | None = None) 
         return path, f"missing required key {missing[0]!r}", None
     if keyword in ("oneOf", "anyOf"):
         alternatives = schema[keyword]
-        matching = [i for i, alt in enumerate(alternatives) if _accepts_type(alt, error.instance, root)]
+        matching = [i for i, alt in enumerate(alternatives) if _accepts_type(alt, error.instance, root, validator)]
         if len(matching) == 1:
             sub = [e for e in error.context if e.relative_schema_path[0] == matching[0]]
             if sub:
-                return _explain(_pick(sub, source), root, source)
+                return _explain(_pick(sub, source), validator, source)
         return path, f"must be {describe(schema, root)}, got {show(error.instance)}", None
+    if keyword == "enum" and "x-dsgen-preset" in schema:
+        return (path, *_unknown_preset(schema["x-dsgen-preset"], error.instance))
     if keyword == "enum":
         allowed = [str(v) for v in schema["enum"]]
         close = difflib.get_close_matches(str(error.instance), allowed, n=1, cutoff=0.6)
@@ -137,6 +143,17 @@ def _explain(error: Any, root: dict[str, Any], source: SourceMap | None = None) 
     if keyword == "minLength":
         return path, f"must be a non-empty string, got {show(error.instance)}", None
     return path, f"must be {describe(schema, root)}, got {show(error.instance)}", None
+
+
+def _unknown_preset(kind: str, name: str) -> tuple[str, str | None]:
+    """The catalog's own message for a name its enum does not list (did-you-mean and the full list)."""
+    from dsgen.catalog.presets import get_gpu, get_model
+
+    try:
+        (get_gpu if kind == "gpu" else get_model)(name)
+    except DsgenError as error:
+        return error.message, error.hint
+    return f"unknown {kind} preset {name!r}", None  # only if the enum and the catalog drifted apart
 
 
 def _unknown_key(error: Any, source: SourceMap | None) -> str:
@@ -170,7 +187,7 @@ def check_against_schema(data: Any, schema_file: Path, source: SourceMap, *, wha
     if not errors:
         return
     error = _pick(errors, source)
-    path, message, hint = _explain(error, validator.schema, source)
+    path, message, hint = _explain(error, validator, source)
     raise DsgenError(
         message if path else f"{what}: {message}",
         path=format_path(path) or None,

@@ -1,7 +1,8 @@
 """The typed, validated spec: what the user asked for, with presets resolved.
 
 These frozen dataclasses are the solver's whole input. Nothing downstream reads YAML or looks
-up presets again, which keeps the estimate and solver code pure.
+up presets again, which keeps the estimate and solver code pure. Their defaults are the spec
+schema's (:mod:`dsgen.spec.defaults`), so each is written once, where editors show it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from dsgen.catalog.gpu import GpuSpec
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.errors import Location
+from dsgen.spec.defaults import spec_default
 from dsgen.spec.yaml_source import locate
 
 GIB = 1 << 30
@@ -22,7 +24,7 @@ class NvmeSpec:
 
     path: str
     capacity_gib: float
-    bandwidth_gbps: float = 3.0
+    bandwidth_gbps: float = spec_default("hardware.nvme.bandwidth_gbps")
 
     @property
     def capacity_bytes(self) -> int:
@@ -34,11 +36,11 @@ class Hardware:
     """The cluster one run gets: a GPU type, how many per node and nodes, host RAM and links."""
 
     gpu: GpuSpec
-    gpus_per_node: int = 8
-    nodes: int = 1
-    cpu_memory_gib: float = 512.0
-    inter_node_bandwidth_gbps: float = 25.0
-    cpu_optimizer_gparams_per_s: float = 2.0
+    gpus_per_node: int = spec_default("hardware.gpus_per_node")
+    nodes: int = spec_default("hardware.nodes")
+    cpu_memory_gib: float = spec_default("hardware.cpu_memory_gib")
+    inter_node_bandwidth_gbps: float = spec_default("hardware.inter_node_bandwidth_gbps")
+    cpu_optimizer_gparams_per_s: float = spec_default("hardware.cpu_optimizer_gparams_per_s")
     nvme: NvmeSpec | None = None
 
     @property
@@ -54,21 +56,21 @@ class Hardware:
 class Optimizer:
     """The optimizer the user trains with; its type decides the bytes of state per parameter."""
 
-    type: str = "adamw"
-    lr: float = 1e-4
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    momentum: float = 0.9
+    type: str = spec_default("training.optimizer.type")
+    lr: float = spec_default("training.optimizer.lr")
+    weight_decay: float = spec_default("training.optimizer.weight_decay")
+    betas: tuple[float, float] = tuple(spec_default("training.optimizer.betas"))  # type: ignore[assignment]
+    eps: float = spec_default("training.optimizer.eps")
+    momentum: float = spec_default("training.optimizer.momentum")
 
 
 @dataclass(frozen=True)
 class Scheduler:
     """The learning-rate schedule rendered into the config (it does not change memory or speed)."""
 
-    type: str = "warmup_decay"
-    warmup_steps: int = 100
-    total_steps: int = 10000
+    type: str = spec_default("training.scheduler.type")
+    warmup_steps: int = spec_default("training.scheduler.warmup_steps")
+    total_steps: int = spec_default("training.scheduler.total_steps")
 
 
 @dataclass(frozen=True)
@@ -78,9 +80,9 @@ class Training:
     sequence_length: int
     global_batch_size: int | None = None  # sequences per optimizer step ...
     tokens_per_step: int | None = None  # ... or tokens per step: exactly one is set
-    precision: str = "auto"
-    attention: str = "flash"
-    gradient_clipping: float = 1.0
+    precision: str = spec_default("training.precision")
+    attention: str = spec_default("training.attention")
+    gradient_clipping: float = spec_default("training.gradient_clipping")
     mfu: float | None = None
     optimizer: Optimizer = Optimizer()
     scheduler: Scheduler = Scheduler()
@@ -96,16 +98,16 @@ class Constraints:
     activation_checkpointing: str | None = None  # none | full | selective (spec: false | true | selective)
     micro_batch_size: int | None = None
     gradient_accumulation_steps: int | None = None
-    memory_headroom: float = 0.10
-    allow_batch_rounding: str = "none"  # none | nearest
+    memory_headroom: float = spec_default("constraints.memory_headroom")
+    allow_batch_rounding: str = spec_default("constraints.allow_batch_rounding")  # none | nearest
 
 
 @dataclass(frozen=True)
 class Output:
     """Where and in which flavour ``dsgen new`` writes the rendered config."""
 
-    target: str = "deepspeed"
-    path: str = "ds_config.json"
+    target: str = spec_default("output.target")
+    path: str = spec_default("output.path")
 
 
 @dataclass(frozen=True)

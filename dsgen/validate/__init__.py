@@ -6,8 +6,8 @@ all (see ``docs/validation.md``). Public API::
 
     from dsgen.validate import validate_config, validate_file, Finding, Report
 
-Importing this package is cheap (standard library only, schema loaded on first use), because
-``dsgen new`` validates what it writes.
+The schema check is ``jsonschema``'s (see :mod:`dsgen.validate.schema_findings`). Importing this
+package is cheap (standard library only; jsonschema and the schema are loaded by the first check).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from dsgen.errors import DsgenError
 from dsgen.jsontypes import json_type
-from dsgen.validate import schema_check
+from dsgen.validate import schema_findings
 from dsgen.validate.findings import Finding, Report
 from dsgen.validate.rules import Context, run_rules
 from dsgen.validate.targets import check_target
@@ -111,7 +111,7 @@ def _validate(
     if not isinstance(config, dict):
         ctx.emit("type-mismatch", "", f"a DeepSpeed config must be a JSON object, not {json_type(config)}", None)
     else:
-        result = schema_check.check(config, version)
+        result = schema_findings.check(config, version)
         ctx.auto_sites = result.autos
         for issue in result.issues:
             ctx.emit(

@@ -12,7 +12,7 @@ from typing import Any
 
 from dsgen.validate.rules.context import ZERO_ALIASES, Context
 from dsgen.validate.rules.registry import RuleInfo, register, rule
-from dsgen.validate.schema_check import base_schema, schema_at
+from dsgen.validate.schema_findings import base_schema, schema_at
 from dsgen.validate.targets import LAUNCHER_NAMES, resolves_auto
 from dsgen.validate.versions import removed_keys
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dsgen.validate.rules.context import Context, number, section
 from dsgen.validate.rules.registry import rule
-from dsgen.validate.schema_check import suggest
+from dsgen.validate.schema_findings import suggest
 
 # torch.optim classes DeepSpeed can instantiate by name (torch 2.13); names are case-sensitive.
 TORCH_OPTIMIZERS = frozenset(
