@@ -22,6 +22,19 @@ def offload_optimizer_ratio(plan: Plan) -> float:
     return float(plan.offload_ratio) if plan.offload_optimizer != "none" else 0.0
 
 
+def checkpointing_flags(plan: Plan | None) -> dict[str, bool | None]:
+    """The output contract's two checkpointing booleans, derived here only from the one mode.
+
+    ``activation_checkpointing``: every layer recomputed; ``selective_recompute``: only the
+    attention function. Both ``None`` without a plan (a sweep run that found none).
+    """
+    mode = plan.checkpointing if plan else None
+    return {
+        "activation_checkpointing": mode == "full" if mode else None,
+        "selective_recompute": mode == "selective" if mode else None,
+    }
+
+
 def zeropp_dict(plan: Plan) -> dict[str, Any]:
     """The ZeRO++ settings of ``plan`` (hpZ partition size 1 means hpZ is off)."""
     k = plan.knobs
@@ -42,8 +55,7 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
         "zero_stage": plan.zero_stage,
         "offload_optimizer": plan.offload_optimizer,
         "offload_param": plan.offload_param,
-        "activation_checkpointing": plan.activation_checkpointing,
-        "selective_recompute": plan.selective_recompute,
+        **checkpointing_flags(plan),
         "micro_batch_size": plan.micro_batch_size,
         "gradient_accumulation_steps": plan.gradient_accumulation_steps,
         "data_parallel_size": plan.data_parallel_size,
@@ -178,11 +190,11 @@ def explanation(result: SolveResult) -> str:
 def script_requirements(spec: Spec, plan: Plan) -> str:
     """What the training script must do that a DeepSpeed JSON cannot express."""
     needs = []
-    if plan.activation_checkpointing:
+    if plan.checkpointing == "full":
         needs.append(
             "enable gradient checkpointing in the model (model.gradient_checkpointing_enable(), or --gradient_checkpointing with the HF Trainer)"
         )
-    elif plan.selective_recompute:
+    elif plan.checkpointing == "selective":
         needs.append(
             "recompute only the attention in backward (selective recomputation): run the model's attention "
             "function under torch.utils.checkpoint(..., use_reentrant=False), e.g. register a wrapped function "
