@@ -15,6 +15,7 @@ from dsgen.render import Rendered, render
 from dsgen.solver import SolveResult, require_feasible, solve
 from dsgen.spec.loader import load_spec as _load_spec
 from dsgen.spec.types import Spec
+from dsgen.vocabulary import Accounting
 
 
 def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Spec:
@@ -22,7 +23,7 @@ def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
     return _load_spec(path, overrides)
 
 
-def solve_spec(spec: Spec, accounting: str = "dsgen") -> SolveResult:
+def solve_spec(spec: Spec, accounting: Accounting = "dsgen") -> SolveResult:
     """Search the plan space; the result ranks every feasible plan. ``accounting`` is ``dsgen``
     (default) or ``deepspeed-estimator`` (DeepSpeed's own model-state estimator)."""
     return solve(spec, accounting)
@@ -34,7 +35,7 @@ def render_plan(spec: Spec, plan: Plan, target: str | None = None) -> Rendered:
 
 
 def build_config(
-    path: str | Path, overrides: list[str] | tuple[str, ...] = (), accounting: str = "dsgen"
+    path: str | Path, overrides: list[str] | tuple[str, ...] = (), accounting: Accounting = "dsgen"
 ) -> tuple[SolveResult, Rendered]:
     """Load, solve (raising InfeasibleError, exit 3, when nothing fits) and render in one call."""
     spec = load_spec(path, overrides)

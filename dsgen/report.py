@@ -6,10 +6,12 @@ from typing import Any
 
 from dsgen.estimate.optimizers import CLIENT_OPTIMIZERS, is_client_optimizer
 from dsgen.plan import Plan
-from dsgen.solver import GIB, Evaluation, SolveResult, gib
+from dsgen.solver import Evaluation, SolveResult, gib
 from dsgen.spec.types import Spec
+from dsgen.units import GIB
+from dsgen.vocabulary import StepPhase
 
-PHASE_LABELS = {"forward_backward": "forward/backward", "optimizer_step": "the optimizer step"}
+PHASE_LABELS: dict[StepPhase, str] = {"forward_backward": "forward/backward", "optimizer_step": "the optimizer step"}
 GPU_TERMS = ("parameters", "gradients", "optimizer_states", "activations", "buffers", "transient", "overhead")
 
 

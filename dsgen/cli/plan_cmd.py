@@ -5,6 +5,7 @@ annotations that are already objects save it compiling each string again.
 """
 
 import json
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -118,4 +119,4 @@ def explain(spec_file: SpecArg, overrides: SetOpt = None, accounting: Accounting
 
 
 # The commands this module provides, by the name users type (dsgen.cli registers them lazily).
-COMMANDS = {"new": new, "solve": solve, "explain": explain}
+COMMANDS: dict[str, Callable[..., None]] = {"new": new, "solve": solve, "explain": explain}

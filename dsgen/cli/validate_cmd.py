@@ -16,6 +16,7 @@ Heavy imports happen inside the commands so registering them costs nothing at CL
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -114,4 +115,4 @@ def schema(
 
 
 # The commands this module provides, by the name users type (dsgen.cli registers them lazily).
-COMMANDS = {"validate": validate, "schema": schema}
+COMMANDS: dict[str, Callable[..., None]] = {"validate": validate, "schema": schema}

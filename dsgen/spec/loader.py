@@ -29,6 +29,7 @@ from dsgen.spec.types import (
     Training,
 )
 from dsgen.spec.yaml_source import SourceMap, format_path, load_yaml, read_source
+from dsgen.vocabulary import Checkpointing
 
 # Layout defaults per family for inline ``architecture`` blocks (what each family's HF code builds).
 _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -72,7 +73,7 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 # constraints.activation_checkpointing as the spec writes it -> the solver's checkpointing mode
-CHECKPOINTING_PINS = {False: "none", True: "full", "selective": "selective"}
+CHECKPOINTING_PINS: dict[object, Checkpointing] = {False: "none", True: "full", "selective": "selective"}
 
 
 def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Spec:

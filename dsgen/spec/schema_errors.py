@@ -78,7 +78,7 @@ def describe(schema: dict[str, Any], root: dict[str, Any]) -> str:
     if isinstance(kind, str):
         return _TYPE_WORDS.get(kind, kind)
     if isinstance(kind, list):
-        return " or ".join(_TYPE_WORDS.get(k, k) for k in kind)
+        return " or ".join(_TYPE_WORDS.get(k, str(k)) for k in kind)
     return "a valid value"
 
 

@@ -12,8 +12,8 @@ from dsgen.catalog.gpu import GpuSpec
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.errors import Location
 from dsgen.spec.yaml_source import locate
-
-GIB = 1 << 30
+from dsgen.units import GIB
+from dsgen.vocabulary import Checkpointing, OffloadDevice, PrecisionChoice
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class Training:
     sequence_length: int
     global_batch_size: int | None = None  # sequences per optimizer step ...
     tokens_per_step: int | None = None  # ... or tokens per step: exactly one is set
-    precision: str = "auto"
+    precision: PrecisionChoice = "auto"
     attention: str = "flash"
     gradient_clipping: float = 1.0
     mfu: float | None = None
@@ -91,9 +91,9 @@ class Constraints:
     """Pins on search dimensions; ``None`` means the solver chooses."""
 
     zero_stage: int | None = None
-    offload_optimizer: str | None = None
-    offload_param: str | None = None
-    activation_checkpointing: str | None = None  # none | full | selective (spec: false | true | selective)
+    offload_optimizer: OffloadDevice | None = None
+    offload_param: OffloadDevice | None = None
+    activation_checkpointing: Checkpointing | None = None  # the spec writes false | true | selective
     micro_batch_size: int | None = None
     gradient_accumulation_steps: int | None = None
     memory_headroom: float = 0.10

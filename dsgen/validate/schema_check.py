@@ -28,6 +28,7 @@ from typing import Any
 from dsgen.jsontypes import escape_pointer_token, json_type
 from dsgen.resources import schema_path
 from dsgen.validate.versions import apply_patches, profile
+from dsgen.vocabulary import Phase, Severity
 
 #: Keywords this interpreter understands; anything else in the schema is a test failure.
 SUPPORTED_KEYWORDS = frozenset(
@@ -99,8 +100,8 @@ class Issue:
     pointer: str
     message: str
     hint: str | None
-    phase: str
-    severity: str = "error"
+    phase: Phase
+    severity: Severity = "error"
 
 
 @dataclass(frozen=True)
@@ -235,7 +236,7 @@ class _Walker:
         self.result = SchemaResult()
 
     def issue(
-        self, rule_id: str, pointer: str, message: str, hint: str | None, config_phase: bool, severity: str = "error"
+        self, rule_id: str, pointer: str, message: str, hint: str | None, config_phase: bool, severity: Severity = "error"
     ) -> None:
         self.result.issues.append(
             Issue(rule_id, pointer, message, hint, "config" if config_phase else "lint", severity)
