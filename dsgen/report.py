@@ -30,10 +30,9 @@ def checkpointing_flags(plan: Plan | None) -> dict[str, bool | None]:
     ``activation_checkpointing``: every layer recomputed; ``selective_recompute``: only the
     attention function. Both ``None`` without a plan (a sweep run that found none).
     """
-    mode = plan.checkpointing if plan else None
     return {
-        "activation_checkpointing": mode == "full" if mode else None,
-        "selective_recompute": mode == "selective" if mode else None,
+        "activation_checkpointing": None if plan is None else plan.checkpointing == "full",
+        "selective_recompute": None if plan is None else plan.checkpointing == "selective",
     }
 
 
