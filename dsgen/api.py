@@ -21,6 +21,7 @@ from dsgen.spec.loader import spec_from_data
 from dsgen.spec.types import Spec
 from dsgen.spec.yaml_source import SourceMap
 from dsgen.starter import StarterOptions, write_starter_spec
+from dsgen.vocabulary import Accounting
 
 __all__ = [
     "StarterOptions",
@@ -66,7 +67,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def solve_spec(spec: Spec, accounting: str = "dsgen") -> SolveResult:
+def solve_spec(spec: Spec, accounting: Accounting = "dsgen") -> SolveResult:
     """Search the plan space; the result ranks every feasible plan. ``accounting`` is ``dsgen``
     (default) or ``deepspeed-estimator`` (DeepSpeed's own model-state estimator)."""
     return solve(spec, accounting)
@@ -78,7 +79,7 @@ def render_plan(spec: Spec, plan: Plan, target: str | None = None) -> Rendered:
 
 
 def build_config(
-    path: str | Path, overrides: list[str] | tuple[str, ...] = (), accounting: str = "dsgen"
+    path: str | Path, overrides: list[str] | tuple[str, ...] = (), accounting: Accounting = "dsgen"
 ) -> tuple[SolveResult, Rendered]:
     """Load, solve (raising InfeasibleError, exit 3, when nothing fits) and render in one call."""
     spec = load_spec(path, overrides)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dsgen.units import FP32, HALF
+from dsgen.vocabulary import Checkpointing, OffloadDevice, Precision
+
 
 @dataclass(frozen=True)  # one per knob variant and ZeRO++ setting the solver prices
 class ZeroKnobs:
@@ -37,17 +40,22 @@ class ZeroKnobs:
         return "+".join(parts) or "none"
 
 
+CHECKPOINTING_LABELS: dict[Checkpointing, str] = {
+    "none": "",
+    "selective": ", selective recompute",
+    "full": ", checkpointing",
+}
+
+
 @dataclass(frozen=True)  # one per candidate plan
 class Plan:
     """One point of the search space: every choice that changes memory or speed, and nothing else."""
 
-    precision: str  # bf16 | fp16 | fp32
+    precision: Precision
     zero_stage: int
-    offload_optimizer: str  # none | cpu | nvme
-    offload_param: str  # none | cpu | nvme
-    # what backward recomputes: none; selective - only the attention function (Korthikanti et al.
-    # 2022); full - every layer (gradient checkpointing)
-    checkpointing: str
+    offload_optimizer: OffloadDevice
+    offload_param: OffloadDevice
+    checkpointing: Checkpointing  # the output contract's two booleans: dsgen.report.checkpointing_flags
     micro_batch_size: int
     gradient_accumulation_steps: int
     data_parallel_size: int
@@ -59,25 +67,15 @@ class Plan:
         return self.micro_batch_size * self.gradient_accumulation_steps * self.data_parallel_size
 
     @property
-    def activation_checkpointing(self) -> bool:
-        """Every layer recomputed in backward (the output contract's ``activation_checkpointing``)."""
-        return self.checkpointing == "full"
-
-    @property
-    def selective_recompute(self) -> bool:
-        """Only the attention function recomputed in backward (``selective_recompute``)."""
-        return self.checkpointing == "selective"
-
-    @property
     def mixed_precision(self) -> bool:
         return self.precision in ("bf16", "fp16")
 
     @property
     def dtype_bytes(self) -> int:
-        return 2 if self.mixed_precision else 4
+        return HALF if self.mixed_precision else FP32
 
     def offload_label(self) -> str:
-        parts = []
+        parts: list[str] = []
         if self.offload_optimizer != "none":
             share = f" {self.offload_ratio:.0%}" if self.offload_ratio < 1 else ""
             parts.append(f"{self.offload_optimizer}{share} optimizer")
@@ -96,8 +94,5 @@ class Plan:
         if self.knobs.zeropp != "none":
             parts.append(f"ZeRO++ {self.knobs.zeropp}")
         label = " + ".join(parts)
-        if self.activation_checkpointing:
-            label += ", checkpointing"
-        elif self.selective_recompute:
-            label += ", selective recompute"
+        label += CHECKPOINTING_LABELS[self.checkpointing]
         return f"{label}, {self.precision}, micro {self.micro_batch_size} x accum {self.gradient_accumulation_steps}"

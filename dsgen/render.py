@@ -14,6 +14,7 @@ from functools import cache
 from typing import Any
 
 from dsgen.errors import DsgenError, ExitCode
+from dsgen.estimate.memory import NVME_BUFFERS
 from dsgen.estimate.optimizers import is_client_optimizer
 from dsgen.plan import Plan
 from dsgen.resources import template_dir
@@ -156,6 +157,7 @@ def render(spec: Spec, plan: Plan, target: str = "deepspeed") -> Rendered:
         "optimizer": optimizer_block(spec),
         "scheduler": scheduler_block(spec),
         "nvme_path": spec.hardware.nvme.path if spec.hardware.nvme else None,
+        "nvme_buffers": NVME_BUFFERS,  # the swap buffers the memory estimate priced
     }
     raw = template.render(**context)
     try:

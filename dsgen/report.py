@@ -7,13 +7,15 @@ from typing import TYPE_CHECKING, Any
 
 from dsgen.estimate.optimizers import CLIENT_OPTIMIZERS, is_client_optimizer
 from dsgen.plan import Plan
-from dsgen.solver import GIB, Evaluation, SolveResult, gib
+from dsgen.solver import Evaluation, SolveResult, gib
 from dsgen.spec.types import Spec
+from dsgen.units import GIB
+from dsgen.vocabulary import StepPhase
 
 if TYPE_CHECKING:
     from dsgen.sweep import Outcome
 
-PHASE_LABELS = {"forward_backward": "forward/backward", "optimizer_step": "the optimizer step"}
+PHASE_LABELS: dict[StepPhase, str] = {"forward_backward": "forward/backward", "optimizer_step": "the optimizer step"}
 # What each --accounting value prices model states with (the text output names the one used).
 ACCOUNTING_LABELS = {
     "dsgen": "model states by dsgen's accounting",
@@ -29,6 +31,18 @@ def offload_optimizer_ratio(plan: Plan) -> float:
     step times, so the output must say which one it is.
     """
     return float(plan.offload_ratio) if plan.offload_optimizer != "none" else 0.0
+
+
+def checkpointing_flags(plan: Plan | None) -> dict[str, bool | None]:
+    """The output contract's two checkpointing booleans, derived here only from the one mode.
+
+    ``activation_checkpointing``: every layer recomputed; ``selective_recompute``: only the
+    attention function. Both ``None`` without a plan (a sweep run that found none).
+    """
+    return {
+        "activation_checkpointing": None if plan is None else plan.checkpointing == "full",
+        "selective_recompute": None if plan is None else plan.checkpointing == "selective",
+    }
 
 
 def zeropp_dict(plan: Plan) -> dict[str, Any]:
@@ -51,8 +65,7 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
         "zero_stage": plan.zero_stage,
         "offload_optimizer": plan.offload_optimizer,
         "offload_param": plan.offload_param,
-        "activation_checkpointing": plan.activation_checkpointing,
-        "selective_recompute": plan.selective_recompute,
+        **checkpointing_flags(plan),
         "micro_batch_size": plan.micro_batch_size,
         "gradient_accumulation_steps": plan.gradient_accumulation_steps,
         "data_parallel_size": plan.data_parallel_size,
@@ -236,11 +249,11 @@ def explanation(result: SolveResult) -> str:
 def script_requirements(spec: Spec, plan: Plan) -> str:
     """What the training script must do that a DeepSpeed JSON cannot express."""
     needs = []
-    if plan.activation_checkpointing:
+    if plan.checkpointing == "full":
         needs.append(
             "enable gradient checkpointing in the model (model.gradient_checkpointing_enable(), or --gradient_checkpointing with the HF Trainer)"
         )
-    elif plan.selective_recompute:
+    elif plan.checkpointing == "selective":
         needs.append(
             "recompute only the attention in backward (selective recomputation): run the model's attention "
             "function under torch.utils.checkpoint(..., use_reentrant=False), e.g. register a wrapped function "

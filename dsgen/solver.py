@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.errors import DsgenError, InfeasibleError
@@ -17,12 +18,15 @@ from dsgen.estimate.optimizers import is_client_optimizer
 from dsgen.estimate.throughput import StepTime, estimate_step_time
 from dsgen.plan import Plan, ZeroKnobs
 from dsgen.spec.types import Spec
+from dsgen.units import GIB
+from dsgen.vocabulary import CHECKPOINTING_MODES, OFFLOAD_DEVICES, Accounting, Checkpointing, OffloadDevice, Precision
 
-GIB = 1 << 30
-OFFLOAD_ORDER = {"none": 0, "cpu": 1, "nvme": 2}
+# ties break toward the simpler plan: no offload, then CPU, then NVMe; no recomputation, then
+# attention only, then whole layers (the vocabulary lists them simplest first)
+OFFLOAD_ORDER = {device: rank for rank, device in enumerate(OFFLOAD_DEVICES)}
+CHECKPOINTING_ORDER = {mode: rank for rank, mode in enumerate(CHECKPOINTING_MODES)}
 
-# ties break toward the simpler plan: no recomputation, then attention only, then whole layers
-CHECKPOINTING_ORDER = {"none": 0, "selective": 1, "full": 2}
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)  # one per candidate plan
@@ -104,7 +108,7 @@ class SolveResult:
     fully_pinned: bool
     offload_alternatives: tuple[tuple[str, Evaluation, str], ...] = ()  # (offload choice, its best plan, reason)
     batch_note: str | None = None  # set when the global batch was rounded
-    accounting: str = "dsgen"
+    accounting: Accounting = "dsgen"
 
     @property
     def feasible(self) -> bool:
@@ -117,7 +121,7 @@ def gib(value: float) -> str:
     return f"{value / GIB:.1f} GiB"
 
 
-def resolve_precision(spec: Spec) -> str:
+def resolve_precision(spec: Spec) -> Precision:
     """bf16 where the GPU supports it, else fp16, else fp32 — unless the spec pins one."""
     chosen = spec.training.precision
     if chosen != "auto":
@@ -295,7 +299,7 @@ def _batch_splits(spec: Spec, dp: int, global_batch: int) -> list[tuple[int, int
     return splits
 
 
-def _choices(pinned: object, options: list) -> list:
+def _choices(pinned: T | None, options: list[T]) -> list[T]:
     return options if pinned is None else [pinned]
 
 
@@ -307,11 +311,11 @@ class _Structure:
     """The choices of a plan other than batch split and knob sizes."""
 
     stage: int
-    offload_optimizer: str
-    offload_param: str
+    offload_optimizer: OffloadDevice
+    offload_param: OffloadDevice
     offload_ratio: float
     zeropp: str
-    checkpointing: str  # none | selective | full
+    checkpointing: Checkpointing
 
 
 def _structures(spec: Spec) -> Iterator[_Structure]:
@@ -319,21 +323,22 @@ def _structures(spec: Spec) -> Iterator[_Structure]:
     checkpointing, in a fixed order (simplest first)."""
     c = spec.constraints
     hw = spec.hardware
-    offload_targets = ["none", "cpu"] + (["nvme"] if hw.nvme else [])
+    offload_targets: list[OffloadDevice] = [d for d in OFFLOAD_DEVICES if d != "nvme" or hw.nvme]
     # selective recomputation drops the eager attention's s x s tensors; flash and sdpa never keep
     # them, so there it would only cost time (it stays available as a pin)
-    checkpointing_modes = ["none", "selective", "full"] if spec.training.attention == "eager" else ["none", "full"]
+    eager = spec.training.attention == "eager"
+    checkpointing_modes = [m for m in CHECKPOINTING_MODES if m != "selective" or eager]
     for stage in _choices(c.zero_stage, [0, 1, 2, 3]):
         # ZeRO-1/2 treat an NVMe optimizer device as CPU offload; only ZeRO-3 swaps to NVMe.
-        optimizer_targets = offload_targets if stage == 3 else ["none", "cpu"]
+        optimizer_targets: list[OffloadDevice] = offload_targets if stage == 3 else ["none", "cpu"]
         if stage == 0 or is_client_optimizer(spec.training.optimizer.type):
             # a client optimizer (Adafactor, 8-bit AdamW) is never offloaded: see the spec loader
-            optimizer_offloads = ["none"]
+            optimizer_offloads: list[OffloadDevice] = ["none"]
         elif c.offload_optimizer is None:
             optimizer_offloads = optimizer_targets
         else:
             optimizer_offloads = [c.offload_optimizer] if c.offload_optimizer in optimizer_targets else []
-        param_offloads = _choices(c.offload_param, offload_targets) if stage == 3 else ["none"]
+        param_offloads: list[OffloadDevice] = _choices(c.offload_param, offload_targets) if stage == 3 else ["none"]
         for offload_optimizer in optimizer_offloads:
             for offload_param in param_offloads:
                 if offload_param != "none" and offload_optimizer == "none" and c.offload_optimizer is None:
@@ -369,7 +374,7 @@ def _with_zeropp(knobs: ZeroKnobs, zeropp: str, gpus_per_node: int) -> ZeroKnobs
     )
 
 
-def evaluate(spec: Spec, plan: Plan, accounting: str = "dsgen") -> Evaluation:
+def evaluate(spec: Spec, plan: Plan, accounting: Accounting = "dsgen") -> Evaluation:
     """Price one plan against the spec's hardware (``accounting``: see ``estimate_memory``)."""
     hardware = spec.hardware
     memory = estimate_memory(spec.model, plan, hardware, spec.training, accounting)
@@ -384,7 +389,7 @@ def evaluate(spec: Spec, plan: Plan, accounting: str = "dsgen") -> Evaluation:
     )
 
 
-def _rank_key(e: Evaluation) -> tuple:
+def _rank_key(e: Evaluation) -> tuple[float, int, int, int, int, int]:
     p = e.plan
     return (
         round(e.step.total_s, 9),
@@ -410,7 +415,7 @@ def _is_fully_pinned(spec: Spec) -> bool:
     )
 
 
-def _search(spec: Spec, global_batch: int, accounting: str) -> tuple[list[Evaluation], int]:
+def _search(spec: Spec, global_batch: int, accounting: Accounting) -> tuple[list[Evaluation], int]:
     """Evaluate the search space with two safe prunings; return the evaluations kept and the count.
 
     1. Knob variants are ordered fastest-first and never larger in GPU memory than the previous
@@ -487,7 +492,7 @@ def _compare(top: Evaluation, best: Evaluation | None) -> str:
     return f"does not fit: {top.reason()}"
 
 
-def solve(spec: Spec, accounting: str = "dsgen") -> SolveResult:
+def solve(spec: Spec, accounting: Accounting = "dsgen") -> SolveResult:
     """Evaluate the search space and rank the feasible plans (pure function of its inputs).
 
     ``accounting="deepspeed-estimator"`` prices model states with DeepSpeed's own estimator

@@ -19,7 +19,7 @@ from typing import Any
 
 from dsgen.errors import DsgenError, ExitCode, InfeasibleError
 from dsgen.render import Rendered, render
-from dsgen.report import offload_optimizer_ratio
+from dsgen.report import checkpointing_flags, offload_optimizer_ratio
 from dsgen.resources import schema_path
 from dsgen.solver import Evaluation, require_feasible, solve
 from dsgen.spec.loader import spec_from_data
@@ -261,8 +261,7 @@ def manifest_row(sweep: Sweep, outcome: Outcome, written: list[str]) -> dict[str
         "zero_stage": plan.zero_stage if plan else None,
         "offload_optimizer": plan.offload_optimizer if plan else None,
         "offload_param": plan.offload_param if plan else None,
-        "activation_checkpointing": plan.activation_checkpointing if plan else None,
-        "selective_recompute": plan.selective_recompute if plan else None,
+        **checkpointing_flags(plan),
         "micro_batch_size": plan.micro_batch_size if plan else None,
         "gradient_accumulation_steps": plan.gradient_accumulation_steps if plan else None,
         "data_parallel_size": plan.data_parallel_size if plan else None,

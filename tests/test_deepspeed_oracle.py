@@ -121,7 +121,7 @@ def test_rendered_plan_trains_two_steps_under_real_deepspeed(name: str, tmp_path
         tmp_path=tmp_path,
         ranks=2,
         steps=2,
-        checkpointing=plan.activation_checkpointing,
+        checkpointing=plan.checkpointing == "full",
         client_optimizer=None if optimizer == "adamw" else optimizer,
     )
     assert outcome.returncode == 0, outcome.log[-4000:]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-GIB = 1 << 30
+from dsgen.units import GIB
 
 
 @dataclass(frozen=True)

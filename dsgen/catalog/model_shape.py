@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from functools import wraps
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 _T = TypeVar("_T")
 
@@ -25,7 +25,7 @@ def _memoized(method: Callable[..., _T]) -> Callable[..., _T]:
 
     @wraps(method)
     def wrapper(self: ModelShape, *args: object, **kwargs: object) -> _T:
-        cache = self._memo
+        cache: dict[object, Any] | None = self._memo
         if cache is None:
             cache = {}
             object.__setattr__(self, "_memo", cache)

@@ -186,7 +186,7 @@ def _family(family: object, file: Path) -> dict[str, Any]:
 
 
 @cache
-def _family_nodes() -> dict[object, yaml.Node]:
+def _family_nodes() -> dict[str, yaml.Node]:
     with FAMILIES_FILE.open(encoding="utf-8") as stream:
         root = yaml.compose(stream, Loader=_Loader)
     if not isinstance(root, yaml.MappingNode):
@@ -255,7 +255,8 @@ def _type_hints(cls: type) -> dict[str, Any]:
     module = sys.modules[cls.__module__]
     hints = {}
     for f in fields(cls):
-        hint = _BUILTIN_TYPES.get(f.type) or getattr(module, f.type, None)
+        name = f.type if isinstance(f.type, str) else ""  # a string: annotations are postponed
+        hint = _BUILTIN_TYPES.get(name) or getattr(module, name, None)
         if hint is None or not (hint in _BUILTIN_TYPES.values() or typing.get_origin(hint) is typing.Literal):
             raise TypeError(f"{cls.__name__}.{f.name}: preset fields must be bool, int, float, str or a Literal alias")
         hints[f.name] = hint

@@ -16,6 +16,7 @@ from dsgen.doctor.batch import Batch, Parallel
 from dsgen.doctor.keys import MISSING, get
 from dsgen.plan import Plan, ZeroKnobs
 from dsgen.spec.types import Spec
+from dsgen.vocabulary import Checkpointing, OffloadDevice, Precision
 
 ZERO_CONFIG = "deepspeed/runtime/zero/config.py DeepSpeedZeroConfig"
 OFFLOAD_CONFIG = "deepspeed/runtime/zero/offload_config.py"
@@ -86,7 +87,7 @@ def _num(value: Any) -> int | None:
     return None
 
 
-def precision_of(config: Mapping[str, Any]) -> tuple[str, str]:
+def precision_of(config: Mapping[str, Any]) -> tuple[Precision, str]:
     """(precision, key that decided it). bf16 (or its alias bfloat16) wins over fp16, as in
     deepspeed/runtime/precision_config.py get_bfloat16_config / get_float16_config (DeepSpeedConfig
     refuses both at once); neither means fp32."""
@@ -98,10 +99,11 @@ def precision_of(config: Mapping[str, Any]) -> tuple[str, str]:
     return "fp32", "default (fp16.enabled and bf16.enabled false)"
 
 
-def _device(block: Any) -> str:
+def _device(block: Any) -> OffloadDevice:
     if isinstance(block, Mapping):
         device = block.get("device", "none")
-        return device if device in ("cpu", "nvme") else "none"
+        if device == "cpu" or device == "nvme":
+            return device
     return "none"
 
 
@@ -110,7 +112,7 @@ def config_to_plan(
     spec: Spec,
     batch: Batch,
     parallel: Parallel,
-    checkpointing: str,
+    checkpointing: Checkpointing,
     checkpointing_source: str,
 ) -> ConfigPlan:
     """The Plan of ``config`` (already ``"auto"``-resolved) with a valid ``batch``."""

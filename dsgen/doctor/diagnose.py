@@ -23,6 +23,7 @@ from dsgen.report import PHASE_LABELS
 from dsgen.solver import Evaluation, evaluate, resolve_precision
 from dsgen.spec.types import Spec
 from dsgen.validate import Report, validate_config
+from dsgen.vocabulary import Checkpointing, StepPhase
 
 PHASE_TERMS = {
     "forward_backward": (
@@ -53,7 +54,7 @@ class DoctorFinding:
 class Dominant:
     """The largest GPU memory term in the phase that peaks."""
 
-    phase: str
+    phase: StepPhase
     term: str
     bytes: int
     share: float  # of that phase's total
@@ -120,11 +121,11 @@ def _assumptions(spec: Spec, world_size: int) -> dict[str, Any]:
     }
 
 
-def _checkpointing(spec: Spec, trainer_args: Mapping[str, Any] | None) -> tuple[str, str, str | None]:
+def _checkpointing(spec: Spec, trainer_args: Mapping[str, Any] | None) -> tuple[Checkpointing, str, str | None]:
     """(mode, where it came from, note when assumed)."""
     pinned = spec.constraints.activation_checkpointing
     if trainer_args is not None and "gradient_checkpointing" in trainer_args:
-        mode = "full" if trainer_args["gradient_checkpointing"] else "none"
+        mode: Checkpointing = "full" if trainer_args["gradient_checkpointing"] else "none"
         note = None
         if pinned is not None and pinned != mode:
             note = (

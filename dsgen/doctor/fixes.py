@@ -18,6 +18,7 @@ from dsgen.doctor.keys import MISSING, get, is_auto, with_changes
 from dsgen.plan import Plan
 from dsgen.solver import Evaluation
 from dsgen.spec.types import Spec
+from dsgen.vocabulary import OffloadDevice
 
 SMALL_BUCKET = 50_000_000  # DeepSpeed's own stage-3 prefetch default; HF's floor for "auto" buckets is 1e7
 LEAN_LIVE_PARAMETERS = 100_000_000
@@ -80,7 +81,7 @@ def _levers(plan: Plan, spec: Spec) -> Iterator[Lever]:
         # DeepSpeed's overlap_comm default follows the stage (overlap_comm_valid) unless the config sets it
         yield Lever(f"ZeRO stage {higher}", replace(plan, zero_stage=higher), (("zero_optimization.stage", higher),))
     yield from _less_offload(plan, spec)
-    targets = ["cpu"] + (["nvme"] if spec.hardware.nvme is not None else [])
+    targets: list[OffloadDevice] = ["cpu", "nvme"] if spec.hardware.nvme is not None else ["cpu"]
     for higher in range(max(stage, 2), 4):
         stage_change: tuple[tuple[str, Any], ...] = (("zero_optimization.stage", higher),) if higher != stage else ()
         if plan.offload_optimizer == "none" or plan.offload_ratio < 1:

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from dsgen.catalog.model_shape import ModelShape
+from dsgen.units import FP32
 
-FP32 = 4
 INT64 = 8
 
 
@@ -284,7 +284,7 @@ def _outside_layers(
         per_position = 2 * e * shape.head_dim
     total = tokens * per_token + s * per_position
     if checkpointing or selective:
-        if shape.family != "gpt2" and (checkpointing or shape.family != "bert"):
+        if shape.family != "gpt2":  # (BERT returned above)
             total += s * INT64  # position ids passed to every layer (decoders: on to attention too)
         if attention == "eager":
             masks = 2 if shape.family == "gemma2" else 1

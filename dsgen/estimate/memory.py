@@ -13,17 +13,12 @@ from dataclasses import dataclass, replace
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.estimate.activations import estimate_activations
-from dsgen.estimate.model_states import (
-    FP32,
-    gradient_bytes_by_phase,
-    model_state_bytes,
-    offloaded_optimizer_bytes,
-)
+from dsgen.estimate.model_states import ModelStates, model_states
 from dsgen.estimate.optimizers import flat_state_bytes
 from dsgen.plan import Plan
 from dsgen.spec.types import Hardware, Training
-
-GIB = 1 << 30
+from dsgen.units import FP32, GIB
+from dsgen.vocabulary import ACCOUNTINGS, Accounting, StepPhase
 
 # Fixed allowances (see docs/memory-model.md, "Overheads").
 CUDA_CONTEXT_BYTES = int(0.75 * GIB)  # CUDA context, kernels and cuBLAS workspace (torch 2.x)
@@ -31,6 +26,19 @@ COMM_LIBRARY_BYTES = int(0.5 * GIB)  # NCCL communicators and their buffers
 ALLOCATOR_SLACK = 0.05  # caching-allocator fragmentation, as a share of dynamic allocations
 HOST_BYTES_PER_RANK = 3 * GIB  # python, torch, DeepSpeed and CUDA host state per training process
 HOST_RESERVE = 0.10  # share of host RAM left for the OS, page cache and data loaders
+
+
+@dataclass(frozen=True)
+class NvmeBuffers:
+    """The ZeRO-Infinity swap buffers dsgen renders (``templates/deepspeed.json.j2`` reads these
+    values) and prices in host RAM: one source for both."""
+
+    optimizer_count: int = 4  # offload_optimizer.buffer_count, each one optimizer sub-group of fp32
+    param_count: int = 5  # offload_param.buffer_count
+    param_size: int = 100_000_000  # offload_param.buffer_size, elements
+
+
+NVME_BUFFERS = NvmeBuffers()
 
 
 @dataclass(frozen=True)  # one per candidate plan
@@ -85,7 +93,7 @@ class GpuMemory:
         return value
 
     @property
-    def peak_phase(self) -> str:
+    def peak_phase(self) -> StepPhase:
         return "forward_backward" if self.forward_backward >= self.optimizer_step else "optimizer_step"
 
 
@@ -163,8 +171,13 @@ def transient_bytes(shape: ModelShape, plan: Plan, training: Training, recompute
     return max(logits, recompute_working_set)
 
 
-def host_bytes(shape: ModelShape, plan: Plan, hardware: Hardware, optimizer: str) -> tuple[int, int]:
-    """(total, offloaded states) of host RAM per node."""
+def host_bytes(
+    shape: ModelShape, plan: Plan, hardware: Hardware, optimizer: str, states: ModelStates | None = None
+) -> tuple[int, int]:
+    """(total, offloaded states) of host RAM per node; ``states``: the candidate's model states
+    when the caller holds them already (:func:`estimate_memory` does)."""
+    if states is None:
+        states = model_states(shape, plan, optimizer)
     p = shape.parameter_count()
     n = plan.data_parallel_size
     ranks = hardware.gpus_per_node
@@ -174,15 +187,15 @@ def host_bytes(shape: ModelShape, plan: Plan, hardware: Hardware, optimizer: str
     if plan.offload_optimizer == "cpu":
         # fp32 master weights (also in fp32 training), optimizer states, fp32 gradients and the
         # 16-bit staging copies DeepSpeed pins for offload (model_states.offloaded_optimizer_bytes)
-        offloaded += int(ranks * offloaded_optimizer_bytes(shape, plan, optimizer) * plan.offload_ratio)
+        offloaded += int(ranks * states.offloaded_optimizer * plan.offload_ratio)
     elif plan.offload_optimizer == "nvme":
         # fp32 gradients stay on the host; states are swapped through pinned buffers
-        swap = 4 * min(plan.knobs.sub_group_size, per_rank_partition) * FP32
+        swap = NVME_BUFFERS.optimizer_count * min(plan.knobs.sub_group_size, per_rank_partition) * FP32
         offloaded += ranks * (FP32 * per_rank_partition + swap)
     if plan.offload_param == "cpu":
         offloaded += ranks * w * per_rank_partition
     elif plan.offload_param == "nvme":
-        offloaded += ranks * 5 * 100_000_000 * w  # buffer_count x buffer_size pinned swap buffers
+        offloaded += ranks * NVME_BUFFERS.param_count * NVME_BUFFERS.param_size * w  # pinned swap buffers
     # Loading a checkpoint without zero.Init materialises the full 16-bit model in every process;
     # those host copies are freed once the engine moves the model to the GPU, before the offloaded
     # states are allocated, so the two do not add up.
@@ -218,15 +231,12 @@ def backward_gradient_bytes(plan: Plan, parameters: int, step_gradients: int) ->
     return min(step_gradients, w * elements)
 
 
-ACCOUNTINGS = ("dsgen", "deepspeed-estimator")
-
-
-def estimator_model_states(shape: ModelShape, plan: Plan, hardware: Hardware) -> tuple[int, int, int, int]:
-    """(parameters, gradients, optimizer states, host model states) in DeepSpeed's estimator
-    accounting: its per-GPU figure split along its own formula (16-bit parameters; 2 + 4 bytes of
-    gradients and 4 + 8 bytes of optimizer state per partitioned parameter; ZeRO-3's largest-layer
-    allowance counted with the parameters). The three GPU terms add up to the estimator's number to
-    the byte."""
+def estimator_model_states(shape: ModelShape, plan: Plan, hardware: Hardware) -> tuple[ModelStates, int]:
+    """(model states, host model states per node) in DeepSpeed's estimator accounting: its per-GPU
+    figure split along its own formula (16-bit parameters; 2 + 4 bytes of gradients and 4 + 8 bytes
+    of optimizer state per partitioned parameter; ZeRO-3's largest-layer allowance counted with the
+    parameters). The three GPU terms add up to the estimator's number to the byte; the gradients'
+    backward phase is :func:`backward_gradient_bytes`."""
     from dsgen.estimate.ds_estimator import deepspeed_estimator
 
     if plan.zero_stage == 0:
@@ -243,11 +253,12 @@ def estimator_model_states(shape: ModelShape, plan: Plan, hardware: Hardware) ->
     params = min(params, gpu)
     rest = gpu - params
     grads = rest * 6 // 18
-    return params, grads, rest - grads, cpu
+    backward = backward_gradient_bytes(plan, p, grads)
+    return ModelStates(params, backward, grads, rest - grads, offloaded_optimizer=0), cpu
 
 
 def estimate_memory(
-    shape: ModelShape, plan: Plan, hardware: Hardware, training: Training, accounting: str = "dsgen"
+    shape: ModelShape, plan: Plan, hardware: Hardware, training: Training, accounting: Accounting = "dsgen"
 ) -> MemoryEstimate:
     """Predict the memory of ``plan`` (pure function of its inputs).
 
@@ -256,16 +267,17 @@ def estimate_memory(
     ``estimate_zero2/3_model_states_mem_needs``; activations, buffers and overheads, which that
     estimator ignores, stay dsgen's.
     """
-    params, _, optimizer_states = model_state_bytes(shape, plan, training.optimizer.type)
-    backward_grads, grads = gradient_bytes_by_phase(shape, plan)
-    optimizer_states += partial_offload_on_gpu(shape, plan, training.optimizer.type)
-    host_total, offloaded = host_bytes(shape, plan, hardware, training.optimizer.type)
+    optimizer = training.optimizer.type
     process = hardware.gpus_per_node * HOST_BYTES_PER_RANK
-    if accounting == "deepspeed-estimator":
-        params, grads, optimizer_states, offloaded = estimator_model_states(shape, plan, hardware)
-        backward_grads = backward_gradient_bytes(plan, shape.parameter_count(), grads)
+    if accounting == "dsgen":
+        states = model_states(shape, plan, optimizer)
+        gpu_optimizer_states = states.optimizer_states + partial_offload_on_gpu(shape, plan, optimizer)
+        host_total, offloaded = host_bytes(shape, plan, hardware, optimizer, states)
+    elif accounting == "deepspeed-estimator":
+        states, offloaded = estimator_model_states(shape, plan, hardware)
+        gpu_optimizer_states = states.optimizer_states
         host_total = process + offloaded
-    elif accounting != "dsgen":
+    else:
         raise ValueError(f"unknown accounting {accounting!r}; expected one of {ACCOUNTINGS}")
     acts = estimate_activations(
         shape,
@@ -273,26 +285,26 @@ def estimate_memory(
         sequence_length=training.sequence_length,
         dtype_bytes=plan.dtype_bytes,
         attention=training.attention,
-        checkpointing=plan.activation_checkpointing,
-        selective=plan.selective_recompute,
+        checkpointing=plan.checkpointing == "full",
+        selective=plan.checkpointing == "selective",
     )
     buffers = buffer_bytes(shape, plan)
     transient = transient_bytes(shape, plan, training, acts.recompute_working_set)
     dynamic = acts.total + buffers + transient
     fixed = CUDA_CONTEXT_BYTES + COMM_LIBRARY_BYTES
     gpu = GpuMemory(
-        parameters=params,
-        optimizer_states=optimizer_states,
+        parameters=states.parameters,
+        optimizer_states=gpu_optimizer_states,
         activations=acts.total,
         buffers=buffers,
         transient=transient,
         overhead=fixed + int(ALLOCATOR_SLACK * dynamic),
         capacity=hardware.gpu.memory_bytes,
-        backward_gradients=backward_grads,
-        step_gradients=grads,
+        backward_gradients=states.backward_gradients,
+        step_gradients=states.step_gradients,
         step_overhead=fixed,
     )
     cpu = HostMemory(total=host_total, capacity=hardware.cpu_memory_bytes, offloaded_states=offloaded, process=process)
     nvme_capacity = hardware.nvme.capacity_bytes if hardware.nvme else 0
-    nvme = NvmeMemory(total=nvme_bytes(shape, plan, hardware, training.optimizer.type), capacity=nvme_capacity)
+    nvme = NvmeMemory(total=nvme_bytes(shape, plan, hardware, optimizer), capacity=nvme_capacity)
     return MemoryEstimate(gpu=gpu, cpu=cpu, nvme=nvme)

@@ -48,8 +48,7 @@ from math import prod
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.estimate.optimizers import flat_state_bytes, state_bytes
 from dsgen.plan import Plan
-
-FP32 = 4
+from dsgen.units import FP32
 
 # stage_1_and_2.py: "align nccl all-gather send buffers to 4-byte boundary" -> the flat 16-bit
 # group is padded to a multiple of this many elements times the data-parallel size.
@@ -211,6 +210,33 @@ def zero3_layout(shape: ModelShape, ranks: int, persistence_threshold: int, sub_
     )
 
 
+@dataclass(frozen=True)  # one per candidate plan
+class ModelStates:
+    """One candidate's model states, computed once: what every memory term reads.
+
+    GPU bytes of the worst rank (parameters, gradients in each phase, optimizer states kept on the
+    GPU) and the host bytes one rank's full CPU optimizer offload pins.
+    """
+
+    parameters: int
+    backward_gradients: int  # the most gradient bytes held at the end of backward
+    step_gradients: int  # ... and at the optimizer step's hand-off (fp32 copy formed)
+    optimizer_states: int  # fp32 master and optimizer state on the GPU (0 when offloaded)
+    offloaded_optimizer: int  # host bytes of one rank's CPU optimizer offload (0 without)
+
+    @property
+    def gradients(self) -> int:
+        """The most gradient memory held at once, in either phase."""
+        return max(self.backward_gradients, self.step_gradients)
+
+
+def model_states(shape: ModelShape, plan: Plan, optimizer: str) -> ModelStates:
+    """Every model-state term of ``plan`` on one GPU and its host (see the module docstring)."""
+    backward, step = gradient_bytes_by_phase(shape, plan)
+    params, states = _parameters_and_states(shape, plan, optimizer)
+    return ModelStates(params, backward, step, states, offloaded_optimizer_bytes(shape, plan, optimizer))
+
+
 def gradient_bytes_by_phase(shape: ModelShape, plan: Plan) -> tuple[int, int]:
     """(end of backward, optimizer step): the most gradient bytes one GPU holds in each phase.
 
@@ -250,27 +276,23 @@ def _whole_model_state_bytes(shape: ModelShape, optimizer: str) -> int:
     return state_bytes(optimizer, parameter_shapes(shape))
 
 
-def model_state_bytes(shape: ModelShape, plan: Plan, optimizer: str) -> tuple[int, int, int]:
-    """(parameters, gradients, optimizer states) on one GPU, in bytes (the worst rank).
-
-    ``gradients`` is the larger of :func:`gradient_bytes_by_phase`'s two phases.
-    """
+def _parameters_and_states(shape: ModelShape, plan: Plan, optimizer: str) -> tuple[int, int]:
+    """(parameters, optimizer states) on one GPU, in bytes (the worst rank)."""
     p = shape.parameter_count()
     n = plan.data_parallel_size
     w = plan.dtype_bytes
     stage = plan.zero_stage
     offloaded = plan.offload_optimizer != "none"
-    grads = max(gradient_bytes_by_phase(shape, plan))
 
     if stage == 0:
         # fp32 training has no wrapper (no master copy); the optimizer sees the model's own shapes
         master = FP32 * p if plan.mixed_precision else 0
-        return w * p, grads, master + _whole_model_state_bytes(shape, optimizer)
+        return w * p, master + _whole_model_state_bytes(shape, optimizer)
 
     if stage < 3:
         size = zero12_partition(shape, n)
         params = w * size * n  # the flat 16-bit group, padding included
-        return params, grads, 0 if offloaded else FP32 * size + flat_state_bytes(optimizer, (size,))
+        return params, 0 if offloaded else FP32 * size + flat_state_bytes(optimizer, (size,))
 
     k = plan.knobs
     layout = zero3_layout(shape, n, k.param_persistence_threshold, k.sub_group_size)
@@ -278,7 +300,16 @@ def model_state_bytes(shape: ModelShape, plan: Plan, optimizer: str) -> tuple[in
     partitions = layout.persistent_partition if plan.offload_param != "none" else layout.partition
     params = w * (layout.persistent + partitions)
     states = FP32 * layout.partition + flat_state_bytes(optimizer, layout.sub_groups)
-    return params, grads, 0 if offloaded else states
+    return params, 0 if offloaded else states
+
+
+def model_state_bytes(shape: ModelShape, plan: Plan, optimizer: str) -> tuple[int, int, int]:
+    """(parameters, gradients, optimizer states) on one GPU, in bytes (the worst rank).
+
+    ``gradients`` is the larger of :func:`gradient_bytes_by_phase`'s two phases.
+    """
+    states = model_states(shape, plan, optimizer)
+    return states.parameters, states.gradients, states.optimizer_states
 
 
 def offloaded_optimizer_bytes(shape: ModelShape, plan: Plan, optimizer: str) -> int:

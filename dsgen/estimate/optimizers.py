@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from math import prod
 
-FP32 = 4
+from dsgen.units import FP32
 
 #: Bytes per element of DeepSpeed's own optimizers (named in the config's optimizer block).
 DEEPSPEED_OPTIMIZER_STATE_BYTES = {"adamw": 8, "adam": 8, "lion": 4, "sgd": 4, "adagrad": 4}

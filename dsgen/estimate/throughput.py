@@ -1,7 +1,8 @@
 """Step time of one plan: compute at an assumed MFU, ZeRO communication, offload traffic.
 
-A first-order model (see docs/throughput-model.md): good enough to rank plans that differ by
-stage, offload and micro-batch, which is what the solver needs. Figures are per optimizer step.
+A first-order model (see docs/throughput-model.md, one section per function here): good enough to
+rank plans that differ by stage, offload and micro-batch, which is what the solver needs. Figures
+are per optimizer step.
 """
 
 from __future__ import annotations
@@ -9,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dsgen.catalog.model_shape import ModelShape
-from dsgen.estimate.model_states import FP32
 from dsgen.estimate.optimizers import flat_state_bytes
 from dsgen.plan import Plan
 from dsgen.spec.types import Hardware, Training
+from dsgen.units import FP32
 
 DEFAULT_MFU_MIXED = 0.40  # achievable model FLOPs utilisation for 16-bit training with DeepSpeed
 DEFAULT_MFU_FP32 = 0.50  # fp32 peaks are low, so a larger share of them is reached
@@ -46,6 +47,10 @@ def model_flops_per_token(shape: ModelShape, sequence_length: int) -> float:
     return 6 * n + attention + logits
 
 
+def tokens_per_step(plan: Plan, training: Training) -> int:
+    return plan.global_batch_size * training.sequence_length
+
+
 def assumed_mfu(training: Training, plan: Plan) -> float:
     if training.mfu is not None:
         return training.mfu
@@ -60,12 +65,103 @@ def _collective_bandwidth(hardware: Hardware) -> float:
     return link * 1e9 * COLLECTIVE_EFFICIENCY
 
 
-def _zero3_micro_step_comm_s(shape: ModelShape, plan: Plan, hardware: Hardware) -> tuple[float, float]:
+def estimate_step_time(shape: ModelShape, plan: Plan, hardware: Hardware, training: Training) -> StepTime:
+    """Predict the wall time of one optimizer step (pure function of its inputs): compute, the
+    communication compute does not hide, and offload traffic, each priced by its own function."""
+    flops = model_flops_per_token(shape, training.sequence_length) * tokens_per_step(plan, training)
+    compute = compute_s(shape, plan, hardware, training, flops)
+    return StepTime(
+        compute_s=compute,
+        exposed_comm_s=exposed_communication_s(shape, plan, hardware, compute),
+        offload_s=offload_s(shape, plan, hardware, training),
+        model_flops=flops,
+    )
+
+
+def compute_s(shape: ModelShape, plan: Plan, hardware: Hardware, training: Training, model_flops: float) -> float:
+    """Seconds of compute per step: the model's FLOPs plus what backward recomputes, at the assumed
+    MFU scaled by micro-batch efficiency; ZeRO-3's hooks and gathers slow compute further."""
+    s = training.sequence_length
+    tokens_per_gpu_micro = plan.micro_batch_size * s
+    hardware_flops = model_flops
+    if plan.checkpointing == "full":
+        hardware_flops += model_flops / 3  # one more forward pass
+    elif plan.checkpointing == "selective":  # the attention core's forward again (QK^T and PV: 4·L·q·s per token)
+        hardware_flops += 4 * shape.num_layers * shape.q_size * s * tokens_per_step(plan, training)
+    size_efficiency = tokens_per_gpu_micro / (tokens_per_gpu_micro + MICRO_BATCH_TOKENS_HALF_EFFICIENCY)
+    peak = hardware.gpu.peak_tflops(plan.precision) * 1e12
+    compute = hardware_flops / (hardware.world_size * peak * assumed_mfu(training, plan) * size_efficiency)
+    if plan.zero_stage == 3:
+        compute *= ZERO3_COMPUTE_OVERHEAD
+    return compute
+
+
+def exposed_communication_s(shape: ModelShape, plan: Plan, hardware: Hardware, compute: float) -> float:
+    """Seconds of ZeRO communication per step that compute does not hide, launch latency included:
+    ``max(0, overlappable − hidden) + blocking + collectives × latency``."""
+    overlappable, blocking = communication_s(shape, plan, hardware)
+    exposed = max(0.0, overlappable - hidden_communication_s(shape, plan, compute)) + blocking
+    return exposed + collective_latency_s(shape, plan, hardware) if plan.data_parallel_size > 1 else exposed
+
+
+def communication_s(shape: ModelShape, plan: Plan, hardware: Hardware) -> tuple[float, float]:
+    """(overlappable, blocking) seconds of ZeRO communication per step, by stage."""
+    n = plan.data_parallel_size
+    p = shape.parameter_count()
+    w = plan.dtype_bytes
+    ring = (n - 1) / n if n > 1 else 0.0
+    bandwidth = _collective_bandwidth(hardware)
+    accum = plan.gradient_accumulation_steps
+    if plan.zero_stage <= 1:
+        return 0.0, 2 * w * p * ring / bandwidth  # all-reduce / reduce-scatter + all-gather once per step
+    if plan.zero_stage == 2:
+        overlappable = accum * w * p * ring / bandwidth  # reduce-scatter every micro-step
+        return overlappable, w * p * ring / bandwidth  # all-gather of updated parameters after the step
+    gathers, reduce = zero3_micro_step_comm_s(shape, plan, hardware)
+    # DeepSpeed 0.19.8 prefetches parameter all-gathers on the coordinator's own all-gather
+    # stream in forward and backward whatever overlap_comm says; the gradient reduce-scatter
+    # leaves the compute stream only with overlap_comm (stage3.py: reduce_and_partition_stream
+    # is the default stream without it), so without it the reduce-scatter blocks.
+    if plan.knobs.overlap_comm:
+        return accum * (gathers + reduce), 0.0
+    return accum * gathers, accum * reduce
+
+
+def hidden_communication_s(shape: ModelShape, plan: Plan, compute: float) -> float:
+    """Seconds of overlappable communication that compute can hide.
+
+    ZeRO-1/2: with ``overlap_comm``, a share of backward (2/3 of compute). ZeRO-3: a share of all
+    compute, forward and backward alike, but only as far as the prefetch bucket reaches ahead (one
+    pooled budget: a first-order simplification).
+    """
+    k = plan.knobs
+    if plan.zero_stage == 3:
+        return OVERLAP_SHARE * compute * min(1.0, k.prefetch_bucket_size / max(shape.layer_parameters(), 1))
+    backward_compute = compute * 2 / 3
+    return OVERLAP_SHARE * backward_compute if k.overlap_comm else 0.0
+
+
+def collective_latency_s(shape: ModelShape, plan: Plan, hardware: Hardware) -> float:
+    """Seconds of launch latency: the number of collectives per step times the fixed cost of one."""
+    latency = COLLECTIVE_LATENCY_S["inter" if hardware.nodes > 1 else "intra"]
+    accum = plan.gradient_accumulation_steps
+    buckets = max(1, round(shape.parameter_count() / plan.knobs.reduce_bucket_size))
+    if plan.zero_stage == 3:
+        # one gather per layer forward and backward and one reduce per layer, every micro-step
+        collectives = accum * 3 * shape.num_layers
+    elif plan.zero_stage == 2:
+        collectives = accum * buckets + 1
+    else:
+        collectives = 2 * buckets
+    return collectives * latency
+
+
+def zero3_micro_step_comm_s(shape: ModelShape, plan: Plan, hardware: Hardware) -> tuple[float, float]:
     """(parameter all-gathers, gradient reduce-scatter): seconds of ZeRO-3 communication per
     micro-step, the gathers of forward and backward together, with ZeRO++ where enabled.
 
     The two are returned apart because DeepSpeed overlaps them under different conditions
-    (see :func:`estimate_step_time`).
+    (see :func:`communication_s`).
 
     qwZ sends int8 weights (half of 16-bit), hpZ serves the backward gather from a copy partitioned
     within the node (intra-node link), qgZ reduces gradients in int4 after an intra-node pass
@@ -92,66 +188,20 @@ def _zero3_micro_step_comm_s(shape: ModelShape, plan: Plan, hardware: Hardware) 
     return forward + backward, reduce
 
 
-def estimate_step_time(shape: ModelShape, plan: Plan, hardware: Hardware, training: Training) -> StepTime:
-    """Predict the wall time of one optimizer step (pure function of its inputs)."""
-    s = training.sequence_length
-    tokens_per_gpu_micro = plan.micro_batch_size * s
-    tokens_per_step = plan.global_batch_size * s
-    flops = model_flops_per_token(shape, s) * tokens_per_step
-    hardware_flops = flops
-    if plan.activation_checkpointing:
-        hardware_flops += flops / 3  # one more forward pass
-    elif plan.selective_recompute:  # the attention core's forward again (QK^T and PV: 4·L·q·s per token)
-        hardware_flops += 4 * shape.num_layers * shape.q_size * s * tokens_per_step
-    size_efficiency = tokens_per_gpu_micro / (tokens_per_gpu_micro + MICRO_BATCH_TOKENS_HALF_EFFICIENCY)
-    peak = hardware.gpu.peak_tflops(plan.precision) * 1e12
-    compute = hardware_flops / (hardware.world_size * peak * assumed_mfu(training, plan) * size_efficiency)
-    if plan.zero_stage == 3:
-        compute *= ZERO3_COMPUTE_OVERHEAD
+def offload_s(shape: ModelShape, plan: Plan, hardware: Hardware, training: Training) -> float:
+    """Seconds of offload traffic per step: PCIe transfers, the CPU optimizer update, NVMe swaps.
 
+    Partial offload (``offload_ratio`` < 1) moves and updates only that share on the CPU.
+    """
     n = plan.data_parallel_size
     p = shape.parameter_count()
     w = plan.dtype_bytes
-    ring = (n - 1) / n if n > 1 else 0.0
-    bandwidth = _collective_bandwidth(hardware)
     accum = plan.gradient_accumulation_steps
-    k = plan.knobs
-    backward_compute = compute * 2 / 3
-    hidden = OVERLAP_SHARE * backward_compute if k.overlap_comm else 0.0
-    if plan.zero_stage <= 1:
-        overlappable = 0.0
-        blocking = 2 * w * p * ring / bandwidth  # all-reduce / reduce-scatter + all-gather once per step
-    elif plan.zero_stage == 2:
-        overlappable = accum * w * p * ring / bandwidth  # reduce-scatter every micro-step
-        blocking = w * p * ring / bandwidth  # all-gather of updated parameters after the step
-    else:
-        gathers, reduce = _zero3_micro_step_comm_s(shape, plan, hardware)
-        # DeepSpeed 0.19.8 prefetches parameter all-gathers on the coordinator's own all-gather
-        # stream in forward and backward whatever overlap_comm says; the gradient reduce-scatter
-        # leaves the compute stream only with overlap_comm (stage3.py: reduce_and_partition_stream
-        # is the default stream without it), so without it the reduce-scatter blocks.
-        overlappable = accum * (gathers + reduce) if k.overlap_comm else accum * gathers
-        blocking = 0.0 if k.overlap_comm else accum * reduce
-        # what overlaps hides behind forward and backward compute alike, but only as far as the
-        # prefetch bucket reaches ahead (one pooled budget: a first-order simplification)
-        hidden = OVERLAP_SHARE * compute * min(1.0, k.prefetch_bucket_size / max(shape.layer_parameters(), 1))
-    exposed = max(0.0, overlappable - hidden) + blocking
-    if n > 1:
-        latency = COLLECTIVE_LATENCY_S["inter" if hardware.nodes > 1 else "intra"]
-        if plan.zero_stage == 3:
-            # one gather per layer forward and backward and one reduce per layer, every micro-step
-            collectives = accum * 3 * shape.num_layers
-        elif plan.zero_stage == 2:
-            collectives = accum * max(1, round(p / k.reduce_bucket_size)) + 1
-        else:
-            collectives = 2 * max(1, round(p / k.reduce_bucket_size))
-        exposed += collectives * latency
-
     offload = 0.0
     partition = p / n
     pcie = hardware.gpu.pcie_bandwidth_gbps * 1e9 * PCIE_EFFICIENCY
     if plan.offload_optimizer != "none":
-        share = plan.offload_ratio  # partial offload moves and updates only this share on the CPU
+        share = plan.offload_ratio
         transfers = share * (accum * w * partition + w * partition)  # gradients down each micro-step, params up
         cpu_update = share * partition * hardware.gpus_per_node / (hardware.cpu_optimizer_gparams_per_s * 1e9)
         offload += transfers / pcie + cpu_update
@@ -163,4 +213,4 @@ def estimate_step_time(shape: ModelShape, plan: Plan, hardware: Hardware, traini
         offload += fetch / pcie
         if plan.offload_param == "nvme" and hardware.nvme:
             offload += accum * 2 * w * partition * hardware.gpus_per_node / (hardware.nvme.bandwidth_gbps * 1e9)
-    return StepTime(compute_s=compute, exposed_comm_s=exposed, offload_s=offload, model_flops=flops)
+    return offload

@@ -31,6 +31,7 @@ from dsgen.spec.types import (
     Training,
 )
 from dsgen.spec.yaml_source import SourceMap, format_path, load_yaml, read_source
+from dsgen.vocabulary import Checkpointing
 
 #: The keys of an inline GPU whose defaults the schema gives (peak_tflops_fp32 is derived).
 _INLINE_GPU_DEFAULTS = (
@@ -44,7 +45,7 @@ _INLINE_GPU_DEFAULTS = (
 )
 
 # constraints.activation_checkpointing as the spec writes it -> the solver's checkpointing mode
-CHECKPOINTING_PINS = {False: "none", True: "full", "selective": "selective"}
+CHECKPOINTING_PINS: dict[object, Checkpointing] = {False: "none", True: "full", "selective": "selective"}
 
 
 def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Spec:

@@ -14,8 +14,8 @@ from dsgen.catalog.model_shape import ModelShape
 from dsgen.errors import Location
 from dsgen.spec.defaults import spec_default
 from dsgen.spec.yaml_source import locate
-
-GIB = 1 << 30
+from dsgen.units import GIB
+from dsgen.vocabulary import Checkpointing, OffloadDevice, PrecisionChoice
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class Optimizer:
     type: str = spec_default("training.optimizer.type")
     lr: float = spec_default("training.optimizer.lr")
     weight_decay: float = spec_default("training.optimizer.weight_decay")
-    betas: tuple[float, float] = tuple(spec_default("training.optimizer.betas"))  # type: ignore[assignment]
+    betas: tuple[float, float] = tuple(spec_default("training.optimizer.betas"))
     eps: float = spec_default("training.optimizer.eps")
     momentum: float = spec_default("training.optimizer.momentum")
 
@@ -80,7 +80,7 @@ class Training:
     sequence_length: int
     global_batch_size: int | None = None  # sequences per optimizer step ...
     tokens_per_step: int | None = None  # ... or tokens per step: exactly one is set
-    precision: str = spec_default("training.precision")
+    precision: PrecisionChoice = spec_default("training.precision")
     attention: str = spec_default("training.attention")
     gradient_clipping: float = spec_default("training.gradient_clipping")
     mfu: float | None = None
@@ -93,9 +93,9 @@ class Constraints:
     """Pins on search dimensions; ``None`` means the solver chooses."""
 
     zero_stage: int | None = None
-    offload_optimizer: str | None = None
-    offload_param: str | None = None
-    activation_checkpointing: str | None = None  # none | full | selective (spec: false | true | selective)
+    offload_optimizer: OffloadDevice | None = None
+    offload_param: OffloadDevice | None = None
+    activation_checkpointing: Checkpointing | None = None  # the spec writes false | true | selective
     micro_batch_size: int | None = None
     gradient_accumulation_steps: int | None = None
     memory_headroom: float = spec_default("constraints.memory_headroom")

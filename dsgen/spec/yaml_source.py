@@ -19,7 +19,7 @@ from dsgen.errors import DsgenError, Location
 KeyPath = tuple[str | int, ...]
 
 try:  # the C loader is several times faster and matters for cold-start time
-    _Loader = yaml.CSafeLoader
+    _Loader: type[yaml.SafeLoader] | type[yaml.CSafeLoader] = yaml.CSafeLoader
 except AttributeError:  # pragma: no cover - PyYAML built without libyaml
     _Loader = yaml.SafeLoader
 

@@ -7,15 +7,9 @@ Both are plain data so every output format (human, JSON, GitHub annotations) and
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-Severity = Literal["error", "warning"]
-Phase = Literal["config", "engine", "lint"]
-
-#: When DeepSpeed itself fails on a finding: ``config`` = ``DeepSpeedConfig(...)`` raises,
-#: ``engine`` = ``deepspeed.initialize`` or the first steps raise, ``lint`` = DeepSpeed accepts the
-#: config and silently does something the author probably did not mean.
-PHASES: tuple[Phase, ...] = ("config", "engine", "lint")
+from dsgen.vocabulary import Phase, Severity
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from typing import Any
 from dsgen.jsontypes import escape_pointer_token, json_type
 from dsgen.resources import schema_path
 from dsgen.validate.versions import apply_patches, profile
+from dsgen.vocabulary import Phase, Severity
 
 # Known wrong keys with a better hint than "did you mean".
 KNOWN_MISTAKES: dict[tuple[str, str], str] = {
@@ -92,8 +93,8 @@ class Issue:
     pointer: str
     message: str
     hint: str | None
-    phase: str
-    severity: str = "error"
+    phase: Phase
+    severity: Severity = "error"
 
 
 @dataclass(frozen=True)

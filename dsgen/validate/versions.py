@@ -192,7 +192,7 @@ def normalize_version(text: str) -> str:
     name = f"{match.group(1)}.{match.group(2)}" if match else None
     if name not in PROFILES:
         raise ValueError(f"unsupported DeepSpeed version {text!r}; choose one of {', '.join(SUPPORTED)}")
-    return name  # type: ignore[return-value]
+    return name
 
 
 def profile(version: str) -> Profile:

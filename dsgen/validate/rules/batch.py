@@ -8,6 +8,8 @@ match DeepSpeed's. Without it, a config is only wrong if *no* data-parallel size
 
 from __future__ import annotations
 
+from typing import Any
+
 from dsgen.validate.rules.context import Context, number, whole
 from dsgen.validate.rules.registry import rule
 
@@ -99,7 +101,7 @@ def _anchor(values: dict[str, object]) -> str:
     return ""
 
 
-def _replay(ctx: Context, values: dict[str, object], world: float | int, any_world: bool = False) -> None:
+def _replay(ctx: Context, values: dict[str, Any], world: float | int, any_world: bool = False) -> None:
     """DeepSpeed's derivation and assertions, in DeepSpeed's order and with its messages."""
     tb, mb, ga = (None if values[k] is _MISSING else values[k] for k in BATCH_KEYS)
     if tb is not None and mb is not None and ga is None:
@@ -157,12 +159,12 @@ def _suggest(values: dict[str, object], world: float | int) -> str:
     return f"{base}, e.g. {mb * ga * world_int} = {mb} x {ga} x {world_int}"
 
 
-def _check_any_world(ctx: Context, values: dict[str, object]) -> None:
+def _check_any_world(ctx: Context, values: dict[str, Any]) -> None:
     """Without --world-size: report only what no data-parallel size can fix."""
     tb, mb, ga = (None if values[k] is _MISSING else values[k] for k in BATCH_KEYS)
     if tb is not None and mb is not None and ga is not None:
         tb_i, mb_i, ga_i = whole(tb), whole(mb), whole(ga)
-        if None in (tb_i, mb_i, ga_i) or tb_i % (mb_i * ga_i) == 0:  # type: ignore[operator]
+        if tb_i is None or mb_i is None or ga_i is None or tb_i % (mb_i * ga_i) == 0:
             return
         ctx.emit(
             "batch-mismatch",
@@ -171,7 +173,7 @@ def _check_any_world(ctx: Context, values: dict[str, object]) -> None:
             f"gradient_accumulation_steps = {mb} x {ga}, so no data-parallel size satisfies "
             f"train_batch_size = micro batch x accumulation x world size",
             _fix_for_triple(mb_i, ga_i, tb_i),
-        )  # type: ignore[arg-type]
+        )
     elif tb is not None and (mb is not None or ga is not None):
         # A data-parallel size of 1 is the most permissive one for these combinations.
         _replay(ctx, values, 1, any_world=True)

@@ -17,6 +17,7 @@ from dsgen.validate.rules.registry import RULES
 from dsgen.validate.schema_findings import AutoSite
 from dsgen.validate.targets import resolves_auto
 from dsgen.validate.versions import Profile
+from dsgen.vocabulary import Phase, Severity
 
 # Both spellings DeepSpeed accepts for the ZeRO-3 fields (alias -> field name).
 ZERO_ALIASES = {
@@ -120,14 +121,14 @@ class Context:
         message: str,
         hint: str | None = None,
         *,
-        severity: str | None = None,
-        phase: str | None = None,
+        severity: Severity | None = None,
+        phase: Phase | None = None,
     ) -> None:
         info = RULES[rule_id]
         line, column = self.locate(pointer)
         self.findings.append(
             Finding(severity or info.severity, rule_id, pointer, message, hint, line, column, phase or info.phase)
-        )  # type: ignore[arg-type]
+        )
 
     def locate(self, pointer: str) -> tuple[int | None, int | None]:
         """Line/column of ``pointer``, or of its closest ancestor present in the file."""

@@ -7,6 +7,7 @@ so the catalogue in ``docs/validation.md`` and the registry list every id dsgen 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from functools import cache
 from typing import Any
 
@@ -169,7 +170,7 @@ def renamed_key(ctx: Context) -> None:
         ctx.emit("renamed-key", pointer, message, hint)
 
 
-def _renamed_keys(config: Any, schema: dict[str, Any], pointer: str):
+def _renamed_keys(config: Any, schema: dict[str, Any], pointer: str) -> Iterator[tuple[str, Any]]:
     if not isinstance(config, dict):
         return
     for key, child in schema.get("properties", {}).items():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dsgen.validate.rules.context import Context, lax_number, section, truthy
 from dsgen.validate.rules.registry import rule
+from dsgen.vocabulary import Phase
 
 # DeepSpeed's DtypeEnum spellings -> canonical name.
 DTYPE_NAMES = {
@@ -52,7 +53,7 @@ def fp16_dynamic_loss_scale(ctx: Context) -> None:
     fp16 = ctx.fp16
     if ctx.fp16_enabled is not True or lax_number(fp16.get("loss_scale", 0)) != 0:
         return
-    phase = "config" if ctx.applies("0.19") else "engine"
+    phase: Phase = "config" if ctx.applies("0.19") else "engine"
     for key in ("loss_scale_window", "min_loss_scale"):
         value = lax_number(fp16.get(key))  # pydantic turns "0" into 0
         if value is not None and value <= 0:

@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from dsgen.vocabulary import Phase, Severity
+
 if TYPE_CHECKING:
     from dsgen.validate.rules.context import Context
 
@@ -20,8 +22,8 @@ class RuleInfo:
     """Metadata of one rule id."""
 
     rule_id: str
-    severity: str  # default severity; a few rules depend on --target / --deepspeed-version
-    phase: str  # "config", "engine" or "lint" (see dsgen.validate.findings.PHASES)
+    severity: Severity  # default severity; a few rules depend on --target / --deepspeed-version
+    phase: Phase
     summary: str
     deepspeed: str  # what DeepSpeed does with such a config
     since: str = "0.14"  # first supported DeepSpeed version the rule applies to
@@ -41,7 +43,7 @@ def register(info: RuleInfo) -> RuleInfo:
 
 
 def rule(
-    rule_id: str, severity: str, phase: str, summary: str, deepspeed: str, since: str = "0.14"
+    rule_id: str, severity: Severity, phase: Phase, summary: str, deepspeed: str, since: str = "0.14"
 ) -> Callable[[Check], Check]:
     """Register ``func`` as the check behind ``rule_id``."""
     info = register(RuleInfo(rule_id, severity, phase, summary, deepspeed, since))

@@ -1,0 +1,39 @@
+"""What each enumerated field may hold, written once as a ``Literal`` type.
+
+mypy checks every assignment against these types; the value tuples beside them are derived with
+``typing.get_args``, so a value list is never written a second time. Tuple order is meaningful
+where noted (the solver's tie-breaks read it).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+#: A training precision DeepSpeed runs (``bf16``/``fp16`` are mixed precision with fp32 masters).
+Precision = Literal["bf16", "fp16", "fp32"]
+#: The spec's ``training.precision``: a precision, or ``auto`` for the best one the GPU supports.
+PrecisionChoice = Literal["auto", Precision]
+#: Where ZeRO offloads optimizer states or parameters; simplest first (ties prefer it).
+OffloadDevice = Literal["none", "cpu", "nvme"]
+#: What backward recomputes: nothing; only the attention function (Korthikanti et al. 2022);
+#: every layer (gradient checkpointing). Simplest first (ties prefer it).
+Checkpointing = Literal["none", "selective", "full"]
+#: Whose model-state accounting prices memory: dsgen's, or DeepSpeed's own estimator.
+Accounting = Literal["dsgen", "deepspeed-estimator"]
+#: The part of a training step a GPU memory figure belongs to.
+StepPhase = Literal["forward_backward", "optimizer_step"]
+#: How bad a validation finding is.
+Severity = Literal["error", "warning"]
+#: When DeepSpeed itself fails on a finding: ``config`` = ``DeepSpeedConfig(...)`` raises,
+#: ``engine`` = ``deepspeed.initialize`` or the first steps raise, ``lint`` = DeepSpeed accepts the
+#: config and silently does something the author probably did not mean.
+Phase = Literal["config", "engine", "lint"]
+
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
+PRECISION_CHOICES: tuple[PrecisionChoice, ...] = get_args(PrecisionChoice)
+OFFLOAD_DEVICES: tuple[OffloadDevice, ...] = get_args(OffloadDevice)
+CHECKPOINTING_MODES: tuple[Checkpointing, ...] = get_args(Checkpointing)
+ACCOUNTINGS: tuple[Accounting, ...] = get_args(Accounting)
+STEP_PHASES: tuple[StepPhase, ...] = get_args(StepPhase)
+SEVERITIES: tuple[Severity, ...] = get_args(Severity)
+PHASES: tuple[Phase, ...] = get_args(Phase)
