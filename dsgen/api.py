@@ -4,6 +4,7 @@ from dsgen.api import load_spec, solve_spec, render_plan
 spec = load_spec("examples/llama-3.1-8b-8xh100.yaml")
 result = solve_spec(spec)
 rendered = render_plan(spec, result.best.plan)
+bundle = render_bundle(spec, result.best.plan, target="hf-trainer")   # + training_args.json, launch.sh
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from dsgen.render import Rendered, render
 from dsgen.solver import SolveResult, require_feasible, solve
 from dsgen.spec.loader import load_spec as _load_spec
 from dsgen.spec.types import Spec
+from dsgen.targets.bundle import Bundle, resolve
+from dsgen.targets.bundle import render_bundle as _render_bundle
 
 
 def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Spec:
@@ -41,3 +44,33 @@ def build_config(
     result = solve_spec(spec, accounting)
     best = require_feasible(result)
     return result, render_plan(spec, best.plan)
+
+
+def render_bundle(
+    spec: Spec,
+    plan: Plan,
+    target: str | None = None,
+    launcher: str | None = None,
+    template_dir: str | Path | None = None,
+) -> Bundle:
+    """Render every file of ``target`` and ``launcher`` (defaults: the spec's output section, then
+    the target's usual launcher) for ``plan``; ``template_dir`` holds a team's own templates."""
+    chosen, how = resolve(spec, target, launcher)
+    return _render_bundle(spec, plan, chosen, how, Path(template_dir) if template_dir is not None else None)
+
+
+def build_bundle(
+    path: str | Path,
+    overrides: list[str] | tuple[str, ...] = (),
+    accounting: str = "dsgen",
+    *,
+    target: str | None = None,
+    launcher: str | None = None,
+    template_dir: str | Path | None = None,
+) -> tuple[SolveResult, Bundle]:
+    """:func:`build_config` for a whole target bundle (``dsgen new --target/--launcher``)."""
+    spec = load_spec(path, overrides)
+    chosen, how = resolve(spec, target, launcher)  # a bad choice fails before the solver runs
+    result = solve_spec(spec, accounting)
+    best = require_feasible(result)
+    return result, render_bundle(spec, best.plan, chosen, how, template_dir)

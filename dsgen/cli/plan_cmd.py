@@ -7,7 +7,7 @@ annotations that are already objects save it compiling each string again.
 import json
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -46,31 +46,63 @@ def new(
     overrides: SetOpt = None,
     output: Annotated[
         Path | None,
-        typer.Option("--output", "-o", help="Where to write the config (default: output.path in the spec)."),
+        typer.Option("--output", "-o", help="Where to write the config, or the directory of a multi-file target."),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")] = False,
     as_json: JsonOpt = False,
     accounting: AccountingOpt = Accounting.dsgen,
+    target: Annotated[
+        str | None,
+        typer.Option("--target", help="deepspeed, hf-trainer, accelerate or lightning (default: output.target)."),
+    ] = None,
+    launcher: Annotated[
+        str | None,
+        typer.Option("--launcher", help="torchrun, deepspeed, accelerate, slurm or none (default: per target)."),
+    ] = None,
+    template_dir: Annotated[
+        Path | None, typer.Option("--template-dir", help="Your own templates, searched before dsgen's.")
+    ] = None,
 ) -> None:
-    """Solve the spec, render and validate the DeepSpeed config, and write it."""
-    from dsgen.api import build_config
-    from dsgen.output import write_atomic
+    """Solve the spec, render and validate the DeepSpeed config (and the target's files), and write them."""
+    from dsgen.api import build_bundle
     from dsgen.report import human_summary, result_dict, script_requirements
 
-    result, rendered = build_config(spec_file, overrides or [], accounting.value)
+    result, bundle = build_bundle(
+        spec_file, overrides or [], accounting.value, target=target, launcher=launcher, template_dir=template_dir
+    )
     spec = result.spec
-    target = output if output is not None else _resolve_output(spec_file, spec.output.path)
-    write_atomic(target, rendered.text, force=force)
+    dest = output if output is not None else _bundle_output(spec_file, spec, bundle.single_file)
+    written = bundle_writer(bundle, dest, force)
     if as_json:
         body = result_dict(result)
-        body["written"] = [str(target)]
+        body["written"] = [str(path) for path in written]
         typer.echo(json.dumps(body, indent=2))
         return
     assert result.best is not None
     typer.echo(human_summary(result))
     typer.echo("")
-    typer.echo(script_requirements(spec, result.best.plan))
-    typer.echo(f"wrote {target}")
+    if bundle.target == "deepspeed":
+        typer.echo(script_requirements(spec, result.best.plan))
+    for note in bundle.notes if bundle.target != "deepspeed" else ():
+        typer.echo(f"script must: {note}")
+    for default in bundle.defaults:
+        typer.echo(f"default applied: {default}")
+    typer.echo(f"wrote {dest}" if bundle.single_file else f"wrote {dest}/: {', '.join(bundle.files)}")
+
+
+def bundle_writer(bundle: Any, dest: Path, force: bool) -> list[Path]:
+    from dsgen.targets.bundle import write_bundle
+
+    return write_bundle(bundle, dest, force=force)
+
+
+def _bundle_output(spec_file: Path, spec: Any, single_file: bool) -> Path:
+    from dsgen.errors import DsgenError
+    from dsgen.targets.context import named
+
+    if not single_file and not named(spec, "output.path"):
+        raise DsgenError("this target writes several files: name their directory with -o DIR (or output.path)")
+    return _resolve_output(spec_file, spec.output.path)
 
 
 def _resolve_output(spec_file: Path, path: str) -> Path:

@@ -165,7 +165,9 @@ class _SpecBuilder:
         constraints = self.constraints(data.get("constraints", {}), hardware)
         self.check_client_optimizer(training, constraints)
         out = data.get("output", {})
-        output = Output(target=out.get("target", "deepspeed"), path=out.get("path", "ds_config.json"))
+        output = Output(
+            target=out.get("target", "deepspeed"), path=out.get("path", "ds_config.json"), launcher=out.get("launcher")
+        )
         key_lines = tuple(
             (".".join(str(part) for part in path), line)
             for path, line in sorted(self.source.lines.items(), key=lambda item: item[1])

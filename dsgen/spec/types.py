@@ -106,6 +106,7 @@ class Output:
 
     target: str = "deepspeed"
     path: str = "ds_config.json"
+    launcher: str | None = None  # None: the target's default (dsgen.targets.DEFAULT_LAUNCHER)
 
 
 @dataclass(frozen=True)
