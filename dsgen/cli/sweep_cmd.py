@@ -72,8 +72,11 @@ def sweep(
                 with _writing(output):
                     run_dir = staging / outcome.run.name
                     run_dir.mkdir()
-                    (run_dir / "ds_config.json").write_text(outcome.rendered.text, encoding="utf-8")
-                written.append(f"{outcome.run.name}/ds_config.json")
+                    for name, text in outcome.files:  # the run's target and launcher files
+                        (run_dir / name).write_text(text, encoding="utf-8")
+                        if name == "launch.sh":
+                            (run_dir / name).chmod(0o777 & ~mask)
+                        written.append(f"{outcome.run.name}/{name}")
             rows.append(manifest_row(plan, outcome, written))
         progress.close()
         with _writing(output):

@@ -65,9 +65,9 @@ ACCELERATE_PLUGIN_KEYS = frozenset(
 )
 
 #: Keys Accelerator._prepare_deepspeed and DeepSpeedPlugin.set_mixed_precision fill.
-ACCELERATE_KEYS = (HF_TRAINER_KEYS - {"/optimizer/params/betas", "/optimizer/params/eps", "/amp/enabled", "/amp/opt_level"}) | {
-    "/zero_optimization/stage3_gather_16bit_weights_on_model_save"
-}
+ACCELERATE_KEYS = (
+    HF_TRAINER_KEYS - {"/optimizer/params/betas", "/optimizer/params/eps", "/amp/enabled", "/amp/opt_level"}
+) | {"/zero_optimization/stage3_gather_16bit_weights_on_model_save"}
 
 RESOLVED_AUTO: dict[str, frozenset[str]] = {
     "deepspeed": frozenset(),
