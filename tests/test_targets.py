@@ -533,3 +533,28 @@ def test_hf_trainer_bundle_trains_two_steps_through_its_launch_script(tmp_path: 
         "micro": "2",
         "accumulation": "2",
     }
+
+
+def test_spec_output_section_chooses_target_and_launcher(
+    tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.cli_helpers import run_cli
+
+    monkeypatch.chdir(tmp_path)
+    base = (
+        (EXAMPLES_DIR / "llama-3.1-8b-8xh100.yaml")
+        .read_text()
+        .replace("  target: deepspeed\n  path: ds_config.json\n", "")
+    )
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(base + "  target: deepspeed\n  launcher: deepspeed\n  path: run\n")
+    result = run_cli(["new", str(spec_file)], capsys)
+    assert result.exit_code == 0, result.stderr
+    run = tmp_path / "run"
+    assert sorted(p.name for p in run.iterdir() if not p.name.startswith(".")) == ["ds_config.json", "launch.sh"]
+    spec_file.write_text(base + "  launcher: mpirun\n")
+    bad = run_cli(["new", str(spec_file), "-o", str(tmp_path / "x")], capsys)
+    assert bad.exit_code == 2 and "output.launcher" in bad.stderr and "spec.yaml:" in bad.stderr, bad.stderr
+    multi = run_cli(["new", str(EXAMPLES_DIR / "llama-3.1-8b-8xh100.yaml"), "--target", "hf-trainer"], capsys)
+    assert multi.exit_code == 2 and "-o DIR" in multi.stderr  # not a directory called ds_config.json
+    assert not (tmp_path / "ds_config.json").exists()

@@ -100,8 +100,11 @@ def _bundle_output(spec_file: Path, spec: Any, single_file: bool) -> Path:
     from dsgen.errors import DsgenError
     from dsgen.targets.context import named
 
-    if not single_file and not named(spec, "output.path"):
-        raise DsgenError("this target writes several files: name their directory with -o DIR (or output.path)")
+    if not single_file and (not named(spec, "output.path") or spec.output.path.endswith(".json")):
+        raise DsgenError(
+            "this target writes several files: name their directory with -o DIR (or output.path: DIR)",
+            path="output.path",
+        )
     return _resolve_output(spec_file, spec.output.path)
 
 

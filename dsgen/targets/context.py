@@ -213,9 +213,9 @@ def script_notes(spec: Spec, plan: Plan, target: str, optimizer: dict[str, Any])
         s = spec.training.scheduler
         notes.append(f"build the {s.type} schedule (warmup {s.warmup_steps} of {s.total_steps} steps) in the script")
     if target == "accelerate" and optimizer["type"] is not None:
-        notes.append(
-            "pass accelerate.utils.DummyOptim (and DummyScheduler) to accelerator.prepare: the config names the optimizer"
-        )
+        # the config has DeepSpeed's scheduler exactly when the spec named one (scheduler_for)
+        dummies = "DummyOptim and DummyScheduler" if named(spec, "training.scheduler") else "DummyOptim"
+        notes.append(f"pass accelerate.utils.{dummies} to accelerator.prepare: the config names them")
     return notes
 
 
