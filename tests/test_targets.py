@@ -558,3 +558,15 @@ def test_spec_output_section_chooses_target_and_launcher(
     multi = run_cli(["new", str(EXAMPLES_DIR / "llama-3.1-8b-8xh100.yaml"), "--target", "hf-trainer"], capsys)
     assert multi.exit_code == 2 and "-o DIR" in multi.stderr  # not a directory called ds_config.json
     assert not (tmp_path / "ds_config.json").exists()
+
+
+def test_docs_list_every_template_variable(plans: dict[str, tuple[Spec, Plan]]) -> None:
+    from dsgen.render import template_context
+    from dsgen.targets.context import target_context
+
+    spec, plan = plans["8b-1x8xh100"]
+    context = template_context(spec, plan, target_context(spec, plan, "hf-trainer", "torchrun"))
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "templates.md").read_text()
+    table = docs.split("## Variables", 1)[1].split("\n## ", 1)[0]
+    documented = {m.split("(")[0] for m in re.findall(r"^\| `([^`]+)` \|", table, re.M)}
+    assert documented == set(context)
