@@ -254,20 +254,27 @@ def template_context(spec: Spec, plan: Plan, ctx: Any) -> dict[str, Any]:
 
 
 def check_rendered(config: dict[str, Any], plan: Plan, target: str) -> None:
-    """Refuse to hand out a config that breaks the batch invariant or DeepSpeed's rules."""
-    tb = config["train_batch_size"]
-    mb = config["train_micro_batch_size_per_gpu"]
-    ga = config.get("gradient_accumulation_steps", plan.gradient_accumulation_steps)  # Lightning sets it
-    dp = plan.data_parallel_size
-    if "auto" not in (tb, mb, ga) and tb != mb * ga * dp:
-        raise RuntimeError(f"rendered batch keys break the invariant: {tb} != {mb} * {ga} * {dp}")
+    """Refuse to hand out a config whose batch keys are not the plan's or that breaks DeepSpeed's rules.
+
+    A key may be absent or ``"auto"`` where the target's framework sets it; a concrete one must be
+    the plan's number, whoever's template wrote it.
+    """
+    hint = "this is a dsgen bug (or one in your --template-dir templates); please report it with your spec"
+    planned = {
+        "train_batch_size": plan.global_batch_size,
+        "train_micro_batch_size_per_gpu": plan.micro_batch_size,
+        "gradient_accumulation_steps": plan.gradient_accumulation_steps,
+    }
+    wrong = [f"{k} {config[k]!r} (plan: {v})" for k, v in planned.items() if config.get(k, "auto") not in ("auto", v)]
+    if wrong:
+        raise DsgenError(
+            f"the rendered config's batch keys are not the plan's: {', '.join(wrong)}",
+            exit_code=ExitCode.FINDINGS,
+            hint=hint,
+        )
     from dsgen.validate import validate_config
 
-    report = validate_config(config, world_size=dp, target=target)
+    report = validate_config(config, world_size=plan.data_parallel_size, target=target)
     if not report.ok:
         details = "; ".join(f"{f.rule_id} at {f.pointer or '/'}: {f.message}" for f in report.errors)
-        raise DsgenError(
-            f"the rendered config failed validation: {details}",
-            exit_code=ExitCode.FINDINGS,
-            hint="this is a dsgen bug; please report it with your spec",
-        )
+        raise DsgenError(f"the rendered config failed validation: {details}", exit_code=ExitCode.FINDINGS, hint=hint)

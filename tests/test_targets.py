@@ -570,3 +570,19 @@ def test_docs_list_every_template_variable(plans: dict[str, tuple[Spec, Plan]]) 
     table = docs.split("## Variables", 1)[1].split("\n## ", 1)[0]
     documented = {m.split("(")[0] for m in re.findall(r"^\| `([^`]+)` \|", table, re.M)}
     assert documented == set(context)
+
+
+def test_a_template_that_renders_other_batch_numbers_is_refused(
+    tmp_path: Path, plans: dict[str, tuple[Spec, Plan]]
+) -> None:
+    spec, plan = plans["8b-1x8xh100"]
+    own = tmp_path / "hf-trainer"
+    own.mkdir()
+    shipped = Path(__file__).resolve().parent.parent / "templates" / "deepspeed" / "ds_config.json.j2"
+    wrong = shipped.read_text().replace(
+        'auto("/train_micro_batch_size_per_gpu", plan.micro_batch_size)', "plan.micro_batch_size * 2"
+    )
+    (own / "ds_config.json.j2").write_text(wrong)
+    with pytest.raises(DsgenError, match="train_micro_batch_size_per_gpu") as info:
+        render_bundle(spec, plan, "hf-trainer", template_dir=tmp_path)
+    assert info.value.exit_code == 1
