@@ -8,8 +8,6 @@ names below are part of the output contract: pipelines rely on them.
 
 from __future__ import annotations
 
-from dsgen.validate.targets import TARGETS
-
 __all__ = [
     "ALLOWED_LAUNCHERS",
     "CONFIG_FILE",
@@ -20,6 +18,9 @@ __all__ = [
     "LAUNCH_FILE",
     "TARGETS",
 ]
+
+#: Programs that read the DeepSpeed JSON (dsgen.validate.targets knows which "auto" each fills).
+TARGETS: tuple[str, ...] = ("deepspeed", "hf-trainer", "accelerate", "lightning")
 
 LAUNCHERS: tuple[str, ...] = ("torchrun", "deepspeed", "accelerate", "slurm", "none")
 
