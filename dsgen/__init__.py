@@ -1,8 +1,8 @@
 """dsgen: solve, render and validate DeepSpeed configs from a hardware + model + training spec.
 
 The public API lives in :mod:`dsgen.api` (load_spec, solve_spec, render_plan, build_config,
-render_bundle, build_bundle) and :mod:`dsgen.validate` (validate_config, validate_file). Names are re-exported here lazily so that
-``import dsgen`` stays cheap for the CLI's cold start.
+render_bundle, build_bundle) and :mod:`dsgen.validate` (validate_config, validate_file). Names
+are re-exported here lazily so that ``import dsgen`` stays cheap for the CLI's cold start.
 """
 
 from __future__ import annotations
