@@ -7,7 +7,7 @@ annotations that are already objects save it compiling each string again.
 import json
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -66,13 +66,14 @@ def new(
     """Solve the spec, render and validate the DeepSpeed config (and the target's files), and write them."""
     from dsgen.api import build_bundle
     from dsgen.report import human_summary, result_dict, script_requirements
+    from dsgen.targets.bundle import default_destination, write_bundle
 
     result, bundle = build_bundle(
         spec_file, overrides or [], accounting.value, target=target, launcher=launcher, template_dir=template_dir
     )
     spec = result.spec
-    dest = output if output is not None else _bundle_output(spec_file, spec, bundle.single_file)
-    written = bundle_writer(bundle, dest, force)
+    dest = output if output is not None else _resolve_output(spec_file, default_destination(spec, bundle))
+    written = write_bundle(bundle, dest, force=force)
     if as_json:
         body = result_dict(result)
         body["written"] = [str(path) for path in written]
@@ -88,24 +89,6 @@ def new(
     for default in bundle.defaults:
         typer.echo(f"default applied: {default}")
     typer.echo(f"wrote {dest}" if bundle.single_file else f"wrote {dest}/: {', '.join(bundle.files)}")
-
-
-def bundle_writer(bundle: Any, dest: Path, force: bool) -> list[Path]:
-    from dsgen.targets.bundle import write_bundle
-
-    return write_bundle(bundle, dest, force=force)
-
-
-def _bundle_output(spec_file: Path, spec: Any, single_file: bool) -> Path:
-    from dsgen.errors import DsgenError
-    from dsgen.targets.context import named
-
-    if not single_file and (not named(spec, "output.path") or spec.output.path.endswith(".json")):
-        raise DsgenError(
-            "this target writes several files: name their directory with -o DIR (or output.path: DIR)",
-            path="output.path",
-        )
-    return _resolve_output(spec_file, spec.output.path)
 
 
 def _resolve_output(spec_file: Path, path: str) -> Path:

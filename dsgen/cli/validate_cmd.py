@@ -50,7 +50,10 @@ def validate(
         int | None, typer.Option("--world-size", help="Also check the batch keys for this many data-parallel ranks.")
     ] = None,
     target: Annotated[
-        str, typer.Option("--target", help='Launcher that fills "auto" values: deepspeed, hf-trainer, accelerate or lightning.')
+        str,
+        typer.Option(
+            "--target", help='Launcher that fills "auto" values: deepspeed, hf-trainer, accelerate or lightning.'
+        ),
     ] = "deepspeed",
     deepspeed_version: Annotated[
         str, typer.Option("--deepspeed-version", help="DeepSpeed release to check against: 0.14, 0.16 or 0.19.")

@@ -105,6 +105,20 @@ def write_bundle(bundle: Bundle, dest: Path, *, force: bool) -> list[Path]:
     return [dest / name for name in bundle.files]
 
 
+def default_destination(spec: Spec, bundle: Bundle) -> str:
+    """``output.path`` when there is no ``-o``: a file for one JSON, a directory the user named
+    for several files (never a directory called ``ds_config.json`` by default)."""
+    from dsgen.targets.context import named
+
+    path = spec.output.path
+    if not bundle.single_file and (not named(spec, "output.path") or path.endswith(".json")):
+        raise DsgenError(
+            "this target writes several files: name their directory with -o DIR (or output.path: DIR)",
+            path="output.path",
+        )
+    return path
+
+
 def _parse_json(text: str, name: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
