@@ -586,3 +586,30 @@ def test_a_template_that_renders_other_batch_numbers_is_refused(
     with pytest.raises(DsgenError, match="train_micro_batch_size_per_gpu") as info:
         render_bundle(spec, plan, "hf-trainer", template_dir=tmp_path)
     assert info.value.exit_code == 1
+
+
+def test_validate_knows_what_each_framework_fills() -> None:
+    """Accelerate without the Trainer fills lr and weight decay from DummyOptim, never the Adam
+    betas or epsilon; Lightning fills no "auto" at all."""
+    config = {
+        "train_batch_size": 8,
+        "train_micro_batch_size_per_gpu": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": 1e-8, "weight_decay": "auto"}},
+        "zero_optimization": {"stage": 2},
+    }
+
+    def flagged(target: str) -> set[str]:
+        report = validate_config(config, world_size=8, target=target)
+        return {f.pointer for f in report.findings if f.rule_id == "auto-value"}
+
+    assert flagged("hf-trainer") == set()
+    assert flagged("accelerate") == {"/optimizer/params/betas"}
+    assert flagged("lightning") == {"/optimizer/params/lr", "/optimizer/params/betas", "/optimizer/params/weight_decay"}
+
+
+def test_launch_script_refuses_a_missing_training_script(tmp_path: Path, plans: dict[str, tuple[Spec, Plan]]) -> None:
+    spec, plan = plans["8b-1x8xh100"]
+    dest = _write(render_bundle(spec, plan, "hf-trainer"), tmp_path)
+    env = {"PATH": "/usr/bin:/bin", "TRAIN_SCRIPT": str(tmp_path / "nope.py")}
+    proc = subprocess.run([str(dest / "launch.sh")], env=env, capture_output=True, text=True, check=False)
+    assert proc.returncode == 2 and "nope.py' not found" in proc.stderr
