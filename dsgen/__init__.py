@@ -1,8 +1,8 @@
 """dsgen: solve, render and validate DeepSpeed configs from a hardware + model + training spec.
 
-The public API lives in :mod:`dsgen.api` (load_spec, solve_spec, render_plan, build_config) and
-:mod:`dsgen.validate` (validate_config, validate_file). Names are re-exported here lazily so that
-``import dsgen`` stays cheap for the CLI's cold start.
+The public API lives in :mod:`dsgen.api` (load_spec, solve_spec, render_plan, build_config,
+render_bundle, build_bundle) and :mod:`dsgen.validate` (validate_config, validate_file). Names
+are re-exported here lazily so that ``import dsgen`` stays cheap for the CLI's cold start.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ _EXPORTS = {
     "solve_spec": "dsgen.api",
     "render_plan": "dsgen.api",
     "build_config": "dsgen.api",
+    "render_bundle": "dsgen.api",
+    "build_bundle": "dsgen.api",
     "validate_config": "dsgen.validate",
     "validate_file": "dsgen.validate",
     "DsgenError": "dsgen.errors",

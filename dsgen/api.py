@@ -5,6 +5,7 @@ spec = load_spec("examples/llama-3.1-8b-8xh100.yaml")   # or a mapping: load_spe
 result = solve_spec(spec)
 rendered = render_plan(spec, result.best.plan)
 run_sweep_to("sweep.yaml", "runs/")                      # what ``dsgen sweep -o runs/`` does
+bundle = render_bundle(spec, result.best.plan, target="hf-trainer")   # + training_args.json, launch.sh
 """
 
 from __future__ import annotations
@@ -21,13 +22,18 @@ from dsgen.spec.loader import spec_from_data
 from dsgen.spec.types import Spec
 from dsgen.spec.yaml_source import SourceMap
 from dsgen.starter import StarterOptions, write_starter_spec
+from dsgen.targets.bundle import Bundle, resolve
+from dsgen.targets.bundle import render_bundle as _render_bundle
 from dsgen.vocabulary import Accounting
 
 __all__ = [
+    "Bundle",
     "StarterOptions",
+    "build_bundle",
     "build_config",
     "doctor",
     "load_spec",
+    "render_bundle",
     "render_plan",
     "run_sweep_to",
     "solve_spec",
@@ -126,3 +132,33 @@ def run_sweep_to(
     if output is None:
         return solve_sweep(load_sweep(path), progress)
     return write_sweep(path, output, force=force, progress=progress)
+
+
+def render_bundle(
+    spec: Spec,
+    plan: Plan,
+    target: str | None = None,
+    launcher: str | None = None,
+    template_dir: str | Path | None = None,
+) -> Bundle:
+    """Render every file of ``target`` and ``launcher`` (defaults: the spec's output section, then
+    the target's usual launcher) for ``plan``; ``template_dir`` holds a team's own templates."""
+    chosen, how = resolve(spec, target, launcher)
+    return _render_bundle(spec, plan, chosen, how, Path(template_dir) if template_dir is not None else None)
+
+
+def build_bundle(
+    path: str | Path,
+    overrides: list[str] | tuple[str, ...] = (),
+    accounting: Accounting = "dsgen",
+    *,
+    target: str | None = None,
+    launcher: str | None = None,
+    template_dir: str | Path | None = None,
+) -> tuple[SolveResult, Bundle]:
+    """:func:`build_config` for a whole target bundle (``dsgen new --target/--launcher``)."""
+    spec = load_spec(path, overrides)
+    chosen, how = resolve(spec, target, launcher)  # a bad choice fails before the solver runs
+    result = solve_spec(spec, accounting)
+    best = require_feasible(result)
+    return result, render_bundle(spec, best.plan, chosen, how, template_dir)

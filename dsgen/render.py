@@ -1,9 +1,11 @@
 """Render a solved plan through a Jinja2 template, then prove the result is a valid config.
 
-One sandboxed environment with StrictUndefined is built per process: a template that names a
-value dsgen does not provide fails loudly instead of emitting an empty string. The rendered
-text is parsed back as JSON and checked (schema, DeepSpeed's cross-field rules, the batch
-invariant) before anyone can write it to disk.
+One sandboxed environment with StrictUndefined is built per template directory: a template that
+names a value dsgen does not provide fails loudly, naming the template, line and variable,
+instead of emitting an empty string. A team's own ``--template-dir`` is searched first and
+dsgen's shipped templates after it, so it may replace just one file. The rendered DeepSpeed JSON
+is parsed back and checked (schema, DeepSpeed's cross-field rules, the batch invariant) before
+anyone can write it to disk; the other files of a target are rendered by :mod:`dsgen.targets`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from dsgen.errors import DsgenError, ExitCode
@@ -20,7 +23,13 @@ from dsgen.plan import Plan
 from dsgen.resources import template_dir
 from dsgen.spec.types import Spec
 
-TARGET_TEMPLATES = {"deepspeed": "deepspeed.json.j2"}
+#: The DeepSpeed JSON's template for each target (under the template directory).
+TARGET_TEMPLATES = {
+    "deepspeed": "deepspeed/ds_config.json.j2",
+    "hf-trainer": "hf-trainer/ds_config.json.j2",
+    "accelerate": "accelerate/ds_config.json.j2",
+    "lightning": "lightning/ds_config.json.j2",
+}
 
 
 @dataclass(frozen=True)
@@ -57,12 +66,13 @@ def _bytecode_cache() -> Any:
 
 
 @cache
-def _environment() -> Any:
-    from jinja2 import FileSystemLoader, StrictUndefined
+def _environment(user_dir: Path | None = None) -> Any:
+    from jinja2 import ChoiceLoader, FileSystemLoader, StrictUndefined
     from jinja2.sandbox import SandboxedEnvironment
 
+    loaders = [FileSystemLoader(str(user_dir))] if user_dir is not None else []
     env = SandboxedEnvironment(
-        loader=FileSystemLoader(str(template_dir())),
+        loader=ChoiceLoader([*loaders, FileSystemLoader(str(template_dir()))]),
         undefined=StrictUndefined,
         autoescape=False,
         keep_trailing_newline=True,
@@ -143,47 +153,130 @@ def scheduler_block(spec: Spec) -> dict[str, Any] | None:
     }
 
 
-def render(spec: Spec, plan: Plan, target: str = "deepspeed") -> Rendered:
-    """Render ``plan`` for ``target`` and validate it; raises :class:`DsgenError` if invalid."""
+def environment(user_dir: Path | None = None) -> Any:
+    """The Jinja2 environment for ``user_dir`` (a team's templates) over dsgen's own."""
+    if user_dir is not None and not user_dir.is_dir():
+        raise DsgenError(f"template directory {user_dir} does not exist or is not a directory", path="--template-dir")
+    return _environment(user_dir.resolve() if user_dir is not None else None)
+
+
+def render_template(name: str, context: dict[str, Any], user_dir: Path | None = None) -> str:
+    """Render template ``name``; a missing template, a syntax error or an undefined variable
+    becomes one :class:`DsgenError` naming the template, its line and the variable."""
+    from jinja2 import TemplateError, TemplateNotFound, TemplateSyntaxError
+
+    env = environment(user_dir)
+    try:
+        return str(env.get_template(name).render(**context))
+    except TemplateNotFound as exc:
+        raise DsgenError(f"template {exc.name} not found in {_searched(user_dir)}") from None
+    except TemplateSyntaxError as exc:
+        where = exc.filename or exc.name or name
+        raise DsgenError(f"template {where}, line {exc.lineno}: {exc.message}") from None
+    except TemplateError as exc:
+        where, line = _template_frame(exc, name)
+        raise DsgenError(f"template {where}, line {line}: {exc.message or exc}") from None
+
+
+def _searched(user_dir: Path | None) -> str:
+    return f"{user_dir} or {template_dir()}" if user_dir is not None else str(template_dir())
+
+
+def _template_frame(exc: BaseException, name: str) -> tuple[str, int | str]:
+    """The innermost template file and line of ``exc``'s traceback (Jinja2 rewrites its frames
+    so that they carry the template's file name and line)."""
+    where: tuple[str, int | str] = (name, "?")
+    tb = exc.__traceback__
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if filename.endswith(".j2"):
+            where = (_template_name(filename), tb.tb_lineno)
+        tb = tb.tb_next
+    return where
+
+
+def _template_name(filename: str) -> str:
+    path = Path(filename)
+    return f"{path.parent.name}/{path.name}"
+
+
+def render(spec: Spec, plan: Plan, target: str = "deepspeed", template_dir: Path | None = None) -> Rendered:
+    """Render the DeepSpeed JSON of ``plan`` for ``target`` and validate it; raises :class:`DsgenError` if invalid."""
+    from dsgen.targets.context import target_context
+
     if target not in TARGET_TEMPLATES:
         raise DsgenError(
             f"unknown output target {target!r}; available: {', '.join(TARGET_TEMPLATES)}", path="output.target"
         )
-    template = _environment().get_template(TARGET_TEMPLATES[target])
-    context = {
-        "plan": plan,
-        "knobs": plan.knobs,
-        "training": spec.training,
-        "optimizer": optimizer_block(spec),
-        "scheduler": scheduler_block(spec),
-        "nvme_path": spec.hardware.nvme.path if spec.hardware.nvme else None,
-        "nvme_buffers": NVME_BUFFERS,  # the swap buffers the memory estimate priced
-    }
-    raw = template.render(**context)
+    ctx = target_context(spec, plan, target, "none")
+    name = TARGET_TEMPLATES[target]
+    raw = render_template(name, template_context(spec, plan, ctx), template_dir)
     try:
         config = json.loads(raw)
-    except json.JSONDecodeError as exc:  # a template bug, not a user error
-        raise RuntimeError(f"template {TARGET_TEMPLATES[target]} produced invalid JSON: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise DsgenError(f"template {name} produced invalid JSON: {exc}") from exc
     text = json.dumps(config, indent=2) + "\n"
     check_rendered(config, plan, target)
     return Rendered(target=target, text=text, config=config)
 
 
+def template_context(spec: Spec, plan: Plan, ctx: Any) -> dict[str, Any]:
+    """The variables every template sees (documented in docs/templates.md)."""
+    from dsgen.targets import CONFIG_FILE, FRAMEWORK_FILE, HOSTFILE, LAUNCH_FILE
+    from dsgen.targets.context import ACCELERATE_PRECISION, LIGHTNING_PRECISION, named
+
+    needs_hostfile = ctx.launcher == "deepspeed" and spec.hardware.nodes > 1
+    return {
+        "plan": plan,
+        "knobs": plan.knobs,
+        "training": spec.training,
+        "model": spec.model,
+        "hardware": spec.hardware,
+        "target": ctx.target,
+        "launcher": ctx.launcher,
+        "optimizer": ctx.optimizer,
+        "scheduler": ctx.scheduler,
+        "nvme_path": spec.hardware.nvme.path if spec.hardware.nvme else None,
+        "nvme_buffers": NVME_BUFFERS,  # the swap buffers the memory estimate priced
+        "auto": ctx.auto(),
+        "emits": ctx.emits(),
+        "named": lambda prefix: named(spec, prefix),
+        "hf_optim": ctx.hf_optim,
+        "hf_scheduler": ctx.hf_scheduler,
+        "accelerate_precision": ACCELERATE_PRECISION[plan.precision],
+        "lightning_precision": LIGHTNING_PRECISION[plan.precision],
+        "notes": list(ctx.notes),
+        "files": {
+            "ds_config": CONFIG_FILE,
+            "framework": FRAMEWORK_FILE.get(ctx.target),
+            "launch": LAUNCH_FILE if ctx.launcher != "none" else None,
+            "hostfile": HOSTFILE if needs_hostfile else None,
+        },
+    }
+
+
 def check_rendered(config: dict[str, Any], plan: Plan, target: str) -> None:
-    """Refuse to hand out a config that breaks the batch invariant or DeepSpeed's rules."""
-    tb = config["train_batch_size"]
-    mb = config["train_micro_batch_size_per_gpu"]
-    ga = config["gradient_accumulation_steps"]
-    dp = plan.data_parallel_size
-    if tb != mb * ga * dp:
-        raise RuntimeError(f"rendered batch keys break the invariant: {tb} != {mb} * {ga} * {dp}")
+    """Refuse to hand out a config whose batch keys are not the plan's or that breaks DeepSpeed's rules.
+
+    A key may be absent or ``"auto"`` where the target's framework sets it; a concrete one must be
+    the plan's number, whoever's template wrote it.
+    """
+    hint = "this is a dsgen bug (or one in your --template-dir templates); please report it with your spec"
+    planned = {
+        "train_batch_size": plan.global_batch_size,
+        "train_micro_batch_size_per_gpu": plan.micro_batch_size,
+        "gradient_accumulation_steps": plan.gradient_accumulation_steps,
+    }
+    wrong = [f"{k} {config[k]!r} (plan: {v})" for k, v in planned.items() if config.get(k, "auto") not in ("auto", v)]
+    if wrong:
+        raise DsgenError(
+            f"the rendered config's batch keys are not the plan's: {', '.join(wrong)}",
+            exit_code=ExitCode.FINDINGS,
+            hint=hint,
+        )
     from dsgen.validate import validate_config
 
-    report = validate_config(config, world_size=dp, target=target)
+    report = validate_config(config, world_size=plan.data_parallel_size, target=target)
     if not report.ok:
         details = "; ".join(f"{f.rule_id} at {f.pointer or '/'}: {f.message}" for f in report.errors)
-        raise DsgenError(
-            f"the rendered config failed validation: {details}",
-            exit_code=ExitCode.FINDINGS,
-            hint="this is a dsgen bug; please report it with your spec",
-        )
+        raise DsgenError(f"the rendered config failed validation: {details}", exit_code=ExitCode.FINDINGS, hint=hint)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dsgen.errors import DsgenError, ExitCode, InfeasibleError
-from dsgen.render import Rendered, render
+from dsgen.render import Rendered
 from dsgen.report import checkpointing_flags, offload_optimizer_ratio
 from dsgen.resources import schema_path
 from dsgen.solver import Evaluation, require_feasible, solve
@@ -62,6 +62,7 @@ class Outcome:
     evaluation: Evaluation | None
     rendered: Rendered | None
     reason: str | None
+    files: tuple[tuple[str, str], ...] = ()  # the run's files (name, text) for its target and launcher
 
 
 def load_sweep(path: str | Path) -> Sweep:
@@ -186,7 +187,10 @@ def run_one(sweep: Sweep, run: Run) -> Outcome:
         best = require_feasible(result)
     except InfeasibleError as exc:
         return Outcome(run, "infeasible", result.best or result.closest, None, exc.message)
-    return Outcome(run, "ok", best, render(spec, best.plan, spec.output.target), None)
+    from dsgen.targets.bundle import render_bundle, resolve
+
+    bundle = render_bundle(spec, best.plan, *resolve(spec, None, None))
+    return Outcome(run, "ok", best, bundle.rendered, None, tuple(bundle.files.items()))
 
 
 def _run_described(sweep: Sweep, run: Run) -> Outcome:

@@ -21,8 +21,7 @@ from typing import Any
 from dsgen.errors import DsgenError
 from dsgen.output import cannot_write, check_directory_destination, publish_directory
 from dsgen.sweep import MANIFEST_CSV, MANIFEST_JSONL, Outcome, Sweep, load_sweep, manifest_row, run_sweep
-
-CONFIG_NAME = "ds_config.json"  # the file each feasible run's folder holds
+from dsgen.targets import LAUNCH_FILE
 
 #: Called after each run with its outcome and the number of runs in the sweep.
 Progress = Callable[[Outcome, int], None]
@@ -131,16 +130,19 @@ def write_sweep(
     check_sweep_destination(dest, file, force=force)
     sweep = load_sweep(file)
     files: dict[str, str] = {}
+    executable: set[str] = set()
     outcomes, rows = [], []
     for outcome in run_sweep(sweep, _each_run(sweep, progress)):
         written = []
-        if outcome.rendered is not None:
-            name = f"{outcome.run.name}/{CONFIG_NAME}"
-            files[name] = outcome.rendered.text
+        for file_name, text in outcome.files:  # the run's target and launcher files
+            name = f"{outcome.run.name}/{file_name}"
+            files[name] = text
             written.append(name)
+            if file_name == LAUNCH_FILE:
+                executable.add(name)
         outcomes.append(outcome)
         rows.append(manifest_row(sweep, outcome, written))
     files[MANIFEST_JSONL] = manifest_jsonl(rows)
     files[MANIFEST_CSV] = manifest_csv(rows, sweep.varied_keys)
-    publish_directory(dest, files, force=force)
+    publish_directory(dest, files, force=force, executable=frozenset(executable))
     return SweepResult(sweep, tuple(outcomes), tuple(rows), dest)

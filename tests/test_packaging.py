@@ -26,7 +26,11 @@ def test_wheel_runs_dsgen_new_from_another_directory(tmp_path: Path) -> None:
     assert wheel.name.startswith(f"dsgen-{dsgen.__version__}-"), "the version is dsgen.__version__"
     names = set(zipfile.ZipFile(wheel).namelist())
     for required in (
-        "dsgen/_data/templates/deepspeed.json.j2",
+        "dsgen/_data/templates/deepspeed/ds_config.json.j2",
+        "dsgen/_data/templates/hf-trainer/training_args.json.j2",
+        "dsgen/_data/templates/accelerate/accelerate_config.yaml.j2",
+        "dsgen/_data/templates/lightning/lightning_trainer.json.j2",
+        "dsgen/_data/templates/launch/slurm.sh.j2",
         "dsgen/_data/schemas/spec.schema.json",
         "dsgen/_data/schemas/deepspeed.schema.json",
         "dsgen/_data/schemas/sweep.schema.json",

@@ -54,32 +54,61 @@ def new(
     output: Annotated[
         Path | None,
         typer.Option(
-            "--output", "-o", help="Where to write the config (default: output.path in the spec).", metavar="PATH"
+            "--output",
+            "-o",
+            help="Where to write the config, or the directory of a multi-file target.",
+            metavar="PATH",
         ),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")] = False,
     as_json: JsonOpt = False,
     accounting: AccountingOpt = Accounting.dsgen,
+    target: Annotated[
+        str | None,
+        typer.Option(
+            "--target",
+            help="deepspeed, hf-trainer, accelerate or lightning (default: output.target).",
+            metavar="TARGET",
+        ),
+    ] = None,
+    launcher: Annotated[
+        str | None,
+        typer.Option(
+            "--launcher",
+            help="torchrun, deepspeed, accelerate, slurm or none (default: per target).",
+            metavar="LAUNCHER",
+        ),
+    ] = None,
+    template_dir: Annotated[
+        Path | None, typer.Option("--template-dir", help="Your own templates, searched before dsgen's.", metavar="DIR")
+    ] = None,
 ) -> None:
-    """Solve the spec, render and validate the DeepSpeed config, and write it."""
-    from dsgen.api import build_config
-    from dsgen.output import write_atomic
+    """Solve the spec, render and validate the DeepSpeed config (and the target's files), and write them."""
+    from dsgen.api import build_bundle
     from dsgen.report import human_summary, result_dict, script_requirements
+    from dsgen.targets.bundle import default_destination, write_bundle
 
-    result, rendered = build_config(spec_file, overrides or [], accounting.value)
+    result, bundle = build_bundle(
+        spec_file, overrides or [], accounting.value, target=target, launcher=launcher, template_dir=template_dir
+    )
     spec = result.spec
-    target = output if output is not None else _resolve_output(spec_file, spec.output.path)
-    write_atomic(target, rendered.text, force=force)
+    dest = output if output is not None else _resolve_output(spec_file, default_destination(spec, bundle))
+    written = write_bundle(bundle, dest, force=force)
     if as_json:
         body = result_dict(result)
-        body["written"] = [str(target)]
+        body["written"] = [str(path) for path in written]
         typer.echo(json.dumps(body, indent=2))
         return
     assert result.best is not None
     typer.echo(human_summary(result))
     typer.echo("")
-    typer.echo(script_requirements(spec, result.best.plan))
-    typer.echo(f"wrote {target}")
+    if bundle.target == "deepspeed":
+        typer.echo(script_requirements(spec, result.best.plan))
+    for note in bundle.notes if bundle.target != "deepspeed" else ():
+        typer.echo(f"script must: {note}")
+    for default in bundle.defaults:
+        typer.echo(f"default applied: {default}")
+    typer.echo(f"wrote {dest}" if bundle.single_file else f"wrote {dest}/: {', '.join(bundle.files)}")
 
 
 def _resolve_output(spec_file: Path, path: str) -> Path:

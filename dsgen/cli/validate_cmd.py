@@ -55,7 +55,9 @@ def validate(
     target: Annotated[
         str,
         typer.Option(
-            "--target", help='Launcher that fills "auto" values: deepspeed, hf-trainer or accelerate.', metavar="TARGET"
+            "--target",
+            help='Launcher that fills "auto" values: deepspeed, hf-trainer, accelerate or lightning.',
+            metavar="TARGET",
         ),
     ] = "deepspeed",
     deepspeed_version: Annotated[

@@ -156,7 +156,7 @@ class _SpecBuilder:
         training = self.training(data["training"], hardware)
         constraints = self.constraints(data.get("constraints", {}), hardware)
         self.check_client_optimizer(training, constraints)
-        output = Output(**_given(data.get("output", {}), "target", "path"))
+        output = Output(**_given(data.get("output", {}), "target", "path", "launcher"))
         key_lines = tuple(
             (".".join(str(part) for part in path), line)
             for path, line in sorted(self.source.lines.items(), key=lambda item: item[1])

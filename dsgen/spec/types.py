@@ -108,6 +108,7 @@ class Output:
 
     target: str = spec_default("output.target")
     path: str = spec_default("output.path")
+    launcher: str | None = None  # None: the target's default (dsgen.targets.DEFAULT_LAUNCHER)
 
 
 @dataclass(frozen=True)

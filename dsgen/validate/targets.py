@@ -10,13 +10,19 @@ in, each for a fixed set of keys:
   (reference section 1.4 / 9.2);
 * accelerate's ``DeepSpeedPlugin.__post_init__`` fills the ZeRO stage, offload devices and paths and
   ``stage3_gather_16bit_weights_on_model_save`` from its own config (ZeRO stage defaults to 2).
-  ``TrainingArguments`` always builds that plugin, so the HF Trainer resolves these keys too, and
-  ``Accelerator`` fills the HF list itself from the dataloader, the model and ``DummyOptim``.
+  ``TrainingArguments`` always builds that plugin, so the HF Trainer resolves these keys too.
+* accelerate's ``Accelerator._prepare_deepspeed`` (without the Trainer) fills the batch triple
+  from the DataLoader and its accumulation, clipping (1.0), lr and weight decay from
+  ``DummyOptim``, the scheduler from ``DummyScheduler`` and the hidden-size buckets from the
+  model; ``DeepSpeedPlugin.set_mixed_precision`` fills the precision flags. It never fills the
+  Adam betas or epsilon.
+* Lightning's ``DeepSpeedStrategy`` resolves no ``"auto"``: it sets ``gradient_accumulation_steps``
+  (refusing a config that has it), ``gradient_clipping`` and the micro-batch only where absent.
 """
 
 from __future__ import annotations
 
-TARGETS: tuple[str, ...] = ("deepspeed", "hf-trainer", "accelerate")
+from dsgen.targets import TARGETS
 
 #: Keys HF Trainer fills from TrainingArguments / the model (fill_match / fill_only).
 HF_TRAINER_KEYS = frozenset(
@@ -58,13 +64,24 @@ ACCELERATE_PLUGIN_KEYS = frozenset(
     }
 )
 
+#: Keys Accelerator._prepare_deepspeed and DeepSpeedPlugin.set_mixed_precision fill.
+ACCELERATE_KEYS = (
+    HF_TRAINER_KEYS - {"/optimizer/params/betas", "/optimizer/params/eps", "/amp/enabled", "/amp/opt_level"}
+) | {"/zero_optimization/stage3_gather_16bit_weights_on_model_save"}
+
 RESOLVED_AUTO: dict[str, frozenset[str]] = {
     "deepspeed": frozenset(),
     "hf-trainer": HF_TRAINER_KEYS | ACCELERATE_PLUGIN_KEYS,
-    "accelerate": HF_TRAINER_KEYS | ACCELERATE_PLUGIN_KEYS,
+    "accelerate": ACCELERATE_KEYS | ACCELERATE_PLUGIN_KEYS,
+    "lightning": frozenset(),
 }
 
-LAUNCHER_NAMES = {"deepspeed": "plain DeepSpeed", "hf-trainer": "the HF Trainer", "accelerate": "accelerate"}
+LAUNCHER_NAMES = {
+    "deepspeed": "plain DeepSpeed",
+    "hf-trainer": "the HF Trainer",
+    "accelerate": "accelerate",
+    "lightning": "Lightning",
+}
 
 
 def check_target(target: str) -> str:

@@ -1,0 +1,260 @@
+"""What each target's templates are given: the values a framework fills itself become ``"auto"``,
+the optimizer and scheduler appear only where someone asked for them, and what no file can carry
+becomes a note.
+
+Sources (transformers 5.24, accelerate 1.15, lightning 2.6, read in their code):
+
+* HF Trainer: ``HfTrainerDeepSpeedConfig.trainer_config_process`` fills the batch triple,
+  ``gradient_clipping``, ``optimizer.params`` lr/betas/eps/weight_decay, the scheduler's warmup
+  lrs and ``fp16``/``bf16`` ``enabled`` from ``TrainingArguments``; ``trainer_config_finalize``
+  fills ``reduce_bucket_size`` (h^2) and, at ZeRO-3, ``stage3_prefetch_bucket_size`` (0.9 h^2) and
+  ``stage3_param_persistence_threshold`` (10 h), and the scheduler's step counts. Every value
+  that is not ``"auto"`` must match ``TrainingArguments`` or the Trainer refuses to start.
+* Accelerate: ``DeepSpeedPlugin.set_mixed_precision`` fills ``fp16``/``bf16`` ``enabled`` from
+  the config's ``mixed_precision``; ``Accelerator._prepare_deepspeed`` fills the hidden-size
+  buckets from the model. Its other fills (micro-batch from the DataLoader, clipping 1.0) would
+  not be the plan's values, so those stay concrete.
+* Lightning: ``DeepSpeedStrategy._format_batch_size_and_grad_accum_config`` refuses a config
+  with ``gradient_accumulation_steps`` (it sets it from ``accumulate_grad_batches``) and sets
+  ``gradient_clipping`` from ``gradient_clip_val`` when absent; those two keys are left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dsgen.estimate.optimizers import CLIENT_OPTIMIZERS, is_client_optimizer
+from dsgen.plan import Plan
+from dsgen.render import optimizer_block, scheduler_block
+from dsgen.spec.types import Spec
+
+#: TrainingArguments ``optim`` for the optimizers the training script builds itself.
+HF_CLIENT_OPTIM = {"adafactor": "adafactor", "adamw-8bit": "adamw_bnb_8bit"}
+
+#: TrainingArguments ``lr_scheduler_type`` for each spec scheduler (DeepSpeed's equivalent in
+#: dsgen.render.scheduler_block: WarmupLR, WarmupDecayLR to 0, WarmupCosineLR to 0.1 x lr).
+HF_SCHEDULER = {
+    "none": "constant",
+    "warmup": "constant_with_warmup",
+    "warmup_decay": "linear",
+    "warmup_cosine": "cosine_with_min_lr",
+}
+COSINE_MIN_RATIO = 0.1
+
+LIGHTNING_PRECISION = {"bf16": "bf16-mixed", "fp16": "16-mixed", "fp32": "32-true"}
+ACCELERATE_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
+
+#: Keys Lightning sets itself and refuses to see twice (gradient accumulation) or fills (clipping).
+LIGHTNING_OMITS = frozenset({"/gradient_accumulation_steps", "/gradient_clipping"})
+
+
+def named(spec: Spec, prefix: str) -> bool:
+    """Whether the user wrote ``prefix`` (or a key under it) in the spec, a --set or a sweep."""
+    keys = [key for key, _ in spec.key_lines] + [key for key, _ in spec.key_overrides]
+    return any(key == prefix or key.startswith(prefix + ".") for key in keys)
+
+
+def hf_bucket_fill(hidden_size: int, zero_stage: int) -> dict[str, int]:
+    """The bucket sizes ``trainer_config_finalize`` (and Accelerate) write for ``"auto"``."""
+    fill = {"/zero_optimization/reduce_bucket_size": hidden_size * hidden_size}
+    if zero_stage == 3:
+        fill["/zero_optimization/stage3_prefetch_bucket_size"] = int(0.9 * hidden_size * hidden_size)
+        fill["/zero_optimization/stage3_param_persistence_threshold"] = 10 * hidden_size
+    return fill
+
+
+def _plan_buckets(plan: Plan) -> dict[str, int]:
+    return {
+        "/zero_optimization/reduce_bucket_size": plan.knobs.reduce_bucket_size,
+        "/zero_optimization/stage3_prefetch_bucket_size": plan.knobs.prefetch_bucket_size,
+        "/zero_optimization/stage3_param_persistence_threshold": plan.knobs.param_persistence_threshold,
+    }
+
+
+def auto_pointers(spec: Spec, plan: Plan, target: str) -> frozenset[str]:
+    """JSON pointers rendered as ``"auto"`` for ``target``.
+
+    A bucket is ``"auto"`` only where the framework would fill the very value the plan was priced
+    with; a bucket dsgen tuned to another size stays concrete.
+    """
+    if target in ("deepspeed", "lightning"):
+        return frozenset()
+    pointers: set[str] = {"/bf16/enabled", "/fp16/enabled"}
+    planned = _plan_buckets(plan)
+    if plan.zero_stage > 0:
+        fill = hf_bucket_fill(spec.model.hidden_size, plan.zero_stage)
+        pointers |= {p for p, value in fill.items() if planned[p] == value}
+    if target == "hf-trainer":
+        pointers |= {
+            "/train_batch_size",
+            "/train_micro_batch_size_per_gpu",
+            "/gradient_accumulation_steps",
+            "/gradient_clipping",
+            "/optimizer/params/lr",
+            "/optimizer/params/betas",
+            "/optimizer/params/eps",
+            "/optimizer/params/weight_decay",
+        }
+    return frozenset(pointers)
+
+
+def omitted_pointers(target: str) -> frozenset[str]:
+    return LIGHTNING_OMITS if target == "lightning" else frozenset()
+
+
+def _with_autos(block: dict[str, Any], autos: frozenset[str], prefix: str) -> dict[str, Any]:
+    params = block["params"]
+    if params is None:
+        return block
+    filled = {k: ("auto" if f"{prefix}/params/{k}" in autos else v) for k, v in params.items()}
+    return {**block, "params": filled}
+
+
+def optimizer_for(spec: Spec, plan: Plan, target: str, autos: frozenset[str]) -> dict[str, Any]:
+    """The optimizer section: DeepSpeed's as today; for a framework only when the spec names the
+    optimizer or the plan offloads it (ZeRO-Offload steps with DeepSpeed's own CPU Adam, which
+    DeepSpeed builds only from the config). ``type`` None means no section."""
+    block = optimizer_block(spec)
+    if target == "deepspeed":
+        return block
+    kind = spec.training.optimizer.type
+    wanted = named(spec, "training.optimizer") or plan.offload_optimizer != "none"
+    if is_client_optimizer(kind) or not wanted:
+        # the framework builds the optimizer and tells ZeRO to accept it (HF and Accelerate do
+        # this themselves; Lightning does not)
+        return {"type": None, "params": None, "untested": True}
+    return _with_autos(block, autos, "/optimizer")
+
+
+def scheduler_for(spec: Spec, target: str, optimizer: dict[str, Any]) -> dict[str, Any] | None:
+    """The scheduler section: DeepSpeed's as today; the HF Trainer builds the one named in
+    training_args.json; Accelerate and Lightning take DeepSpeed's only beside DeepSpeed's optimizer."""
+    if target == "deepspeed":
+        return scheduler_block(spec)
+    if target == "hf-trainer" or optimizer["type"] is None or not named(spec, "training.scheduler"):
+        return None
+    return scheduler_block(spec)
+
+
+def hf_scheduler(spec: Spec) -> dict[str, Any] | None:
+    """TrainingArguments scheduler keys for the schedule the spec asked for (None: not asked)."""
+    if not named(spec, "training.scheduler"):
+        return None
+    sched = spec.training.scheduler
+    out: dict[str, Any] = {"lr_scheduler_type": HF_SCHEDULER[sched.type], "lr_scheduler_kwargs": None}
+    out["warmup_steps"] = sched.warmup_steps if sched.type != "none" else None
+    if sched.type == "warmup_cosine":
+        out["lr_scheduler_kwargs"] = {"min_lr_rate": COSINE_MIN_RATIO}
+    out["max_steps"] = (
+        max(sched.total_steps, sched.warmup_steps) if named(spec, "training.scheduler.total_steps") else None
+    )
+    return out
+
+
+def defaults_applied(spec: Spec, target: str) -> list[str]:
+    """Training behaviour dsgen's defaults add to a DeepSpeed-target config the spec did not ask for."""
+    if target != "deepspeed":
+        return []
+    notes = []
+    o, s = spec.training.optimizer, spec.training.scheduler
+    if not named(spec, "training.optimizer") and not is_client_optimizer(o.type):
+        notes.append(f"optimizer {o.type} lr {o.lr:g} (dsgen default; set training.optimizer)")
+    if not named(spec, "training.scheduler") and s.type != "none":
+        notes.append(
+            f"scheduler {s.type}: warmup {s.warmup_steps} of {s.total_steps} steps "
+            "(dsgen default; set training.scheduler, type none for a constant rate)"
+        )
+    if not named(spec, "training.gradient_clipping"):
+        notes.append(
+            f"gradient_clipping {spec.training.gradient_clipping:g} (dsgen default; set training.gradient_clipping)"
+        )
+    return notes
+
+
+def script_notes(spec: Spec, plan: Plan, target: str, optimizer: dict[str, Any]) -> list[str]:
+    """What the training script must do that the target's files cannot carry."""
+    notes = []
+    micro = plan.micro_batch_size
+    if target in ("accelerate", "lightning"):
+        notes.append(f"give the training DataLoader batch_size={micro} (the plan's micro-batch per GPU)")
+    if spec.training.attention == "flash":
+        notes.append(
+            'load the model with attn_implementation="flash_attention_2" (memory was sized for FlashAttention)'
+        )
+    if plan.checkpointing == "full" and target in ("accelerate", "lightning", "deepspeed"):
+        notes.append(
+            "enable gradient checkpointing: model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False})"
+        )
+    if plan.checkpointing == "selective":
+        notes.append(
+            "recompute only the attention function in backward (selective recomputation, not "
+            "gradient_checkpointing): wrap the attention function in torch.utils.checkpoint"
+        )
+    if plan.zero_stage == 3:
+        how = {
+            "hf-trainer": "create TrainingArguments before from_pretrained so transformers builds the model under deepspeed.zero.Init",
+            "accelerate": "create the Accelerator before from_pretrained (zero3_init_flag makes it build the model under deepspeed.zero.Init)",
+            "lightning": "build the model in LightningModule.configure_model so Lightning creates it under deepspeed.zero.Init",
+            "deepspeed": "build the model under deepspeed.zero.Init(config_dict_or_path=ds_config.json)",
+        }[target]
+        notes.append(how)
+        if spec.model.num_experts > 0:
+            notes.append(
+                "mark the MoE block as a ZeRO-3 leaf: deepspeed.utils.set_z3_leaf_modules(model, [<the model's sparse MoE block class>])"
+            )
+    kind = spec.training.optimizer.type
+    if is_client_optimizer(kind) and target != "hf-trainer":
+        notes.append(
+            f"build the optimizer in the script: {CLIENT_OPTIMIZERS[kind]}(params, lr={spec.training.optimizer.lr:g})"
+        )
+    if target in ("accelerate", "lightning") and optimizer["type"] is None and named(spec, "training.scheduler"):
+        s = spec.training.scheduler
+        notes.append(f"build the {s.type} schedule (warmup {s.warmup_steps} of {s.total_steps} steps) in the script")
+    if target == "accelerate" and optimizer["type"] is not None:
+        # the config has DeepSpeed's scheduler exactly when the spec named one (scheduler_for)
+        dummies = "DummyOptim and DummyScheduler" if named(spec, "training.scheduler") else "DummyOptim"
+        notes.append(f"pass accelerate.utils.{dummies} to accelerator.prepare: the config names them")
+    return notes
+
+
+@dataclass(frozen=True)
+class TargetContext:
+    """Everything a target's templates see besides the plan and spec themselves."""
+
+    target: str
+    launcher: str
+    autos: frozenset[str]
+    omits: frozenset[str]
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any] | None
+    hf_optim: str | None
+    hf_scheduler: dict[str, Any] | None
+    notes: tuple[str, ...]
+    defaults: tuple[str, ...]
+
+    def auto(self) -> Callable[[str, Any], Any]:
+        return lambda pointer, value: "auto" if pointer in self.autos else value
+
+    def emits(self) -> Callable[[str], bool]:
+        return lambda pointer: pointer not in self.omits
+
+
+def target_context(spec: Spec, plan: Plan, target: str, launcher: str) -> TargetContext:
+    autos = auto_pointers(spec, plan, target)
+    optimizer = optimizer_for(spec, plan, target, autos)
+    kind = spec.training.optimizer.type
+    hf_optim = HF_CLIENT_OPTIM.get(kind) if target == "hf-trainer" else None
+    return TargetContext(
+        target=target,
+        launcher=launcher,
+        autos=autos,
+        omits=omitted_pointers(target),
+        optimizer=optimizer,
+        scheduler=scheduler_for(spec, target, optimizer),
+        hf_optim=hf_optim,
+        hf_scheduler=hf_scheduler(spec) if target == "hf-trainer" else None,
+        notes=tuple(script_notes(spec, plan, target, optimizer)),
+        defaults=tuple(defaults_applied(spec, target)),
+    )

@@ -1,0 +1,67 @@
+"""A user's training script for the HF Trainer, as a dsgen ``hf-trainer`` bundle runs it.
+
+``launch.sh`` starts it (under torchrun) in the bundle directory; it builds ``TrainingArguments``
+from ``training_args.json`` exactly as the README tells users to, and adds only what a CPU test
+machine needs (``use_cpu``, the gloo backend) and what a real script owns (output directory,
+step budget, logging). The model is a tiny Llama built from a local config: nothing is
+downloaded. Rank 0 prints ``DSGEN_TRAINER global_step=<n> world_size=<n> zero_stage=<n>
+train_batch_size=<n>`` at the end so the test can check what really ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model-config", type=Path, required=True)
+    parser.add_argument("--max-steps", type=int, default=2)
+    parser.add_argument("--output-dir", type=Path, required=True)
+    parser.add_argument("--seq-len", type=int, default=32)
+    cli = parser.parse_args()
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+    kwargs = json.loads(Path("training_args.json").read_text())  # the bundle's file, by name
+    kwargs.update(
+        output_dir=str(cli.output_dir),
+        max_steps=cli.max_steps,
+        use_cpu=True,  # CPU test machine: DeepSpeed's CPU accelerator, gloo
+        ddp_backend="gloo",
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        seed=1234,
+    )
+    args = TrainingArguments(**kwargs)  # before the model: ZeRO-3 then builds it under zero.Init
+    config = LlamaConfig(**json.loads(cli.model_config.read_text()), use_cache=False)
+    model = LlamaForCausalLM(config)
+
+    samples = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size * cli.max_steps
+    gen = torch.Generator().manual_seed(0)
+    data = [
+        {"input_ids": ids, "labels": ids}
+        for ids in torch.randint(0, config.vocab_size, (samples, cli.seq_len), generator=gen)
+    ]
+    trainer = Trainer(model=model, args=args, train_dataset=data)
+    trainer.train()
+    engine = trainer.model_wrapped
+    if args.process_index == 0:
+        print(
+            f"DSGEN_TRAINER global_step={trainer.state.global_step} world_size={args.world_size} "
+            f"zero_stage={engine.zero_optimization_stage()} train_batch_size={engine.train_batch_size()} "
+            f"micro={engine.train_micro_batch_size_per_gpu()} accumulation={engine.gradient_accumulation_steps()}",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
