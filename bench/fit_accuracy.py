@@ -118,28 +118,6 @@ def ds_estimate(case: dict[str, Any], priced: Priced, z2: Any, z3: Any) -> DsVer
     return DsVerdict(int(gpu), int(cpu), "fits")
 
 
-def optimizer_temporary(case: dict[str, Any], e: Evaluation, params: int) -> int:
-    """Bytes the optimizer step allocates beyond its states (not in dsgen's step phase yet).
-
-    torch.optim.AdamW (what the HF Trainer and LLaMA-Factory build when the DeepSpeed config has no
-    optimizer block) runs its foreach path on CUDA: ``torch._foreach_sqrt(exp_avg_sqs)`` allocates a
-    full fp32 copy of the stepped tensors (torch/optim/adam.py, ``_multi_tensor_adam``); the
-    single-tensor path's ``(exp_avg_sq.sqrt() / bias_correction2_sqrt)`` briefly holds two. DeepSpeed
-    steps one group at a time: ZeRO-1/2 one param group's flat partition
-    (stage_1_and_2.py ``_optimizer_step``), ZeRO-3 one sub-group of at most ``sub_group_size``
-    elements (stage3.py ``_optimizer_step``), ZeRO-0 the flat fp32 master group. DeepSpeed's own
-    FusedAdam and DeepSpeedCPUAdam (``optimizer_impl`` deepspeed-fused / offload) update in place.
-    """
-    if case.get("optimizer_impl", "torch") != "torch" or e.plan.offload_optimizer != "none":
-        return 0
-    n = case["gpus_per_node"] * case["nodes"]
-    stage = e.plan.zero_stage
-    partition = params if stage == 0 else -(-params // n)
-    if stage == 3:
-        partition = min(partition, e.plan.knobs.sub_group_size)
-    return 4 * partition
-
-
 def terms(e: Evaluation) -> str:
     m = e.memory.gpu
     parts = (
@@ -150,6 +128,7 @@ def terms(e: Evaluation) -> str:
         ("B", m.buffers),
         ("T", m.transient),
         ("X", m.overhead),
+        ("S", m.step_temporary),
     )
     return " ".join(f"{k}{v / GIB:.1f}" for k, v in parts) + f" ({m.peak_phase})"
 
@@ -160,16 +139,8 @@ def miss_reason(case: dict[str, Any], e: Evaluation, params: int) -> str:
     usable = e.usable_gpu_bytes
     mem = e.memory.gpu
     if outcome == "oom":
-        temp = optimizer_temporary(case, e, params)
-        step_with_temp = mem.optimizer_step + temp
         frag = int(0.10 * (mem.total - mem.parameters - mem.optimizer_states))
         short = usable - mem.total
-        if temp and step_with_temp > usable:
-            return (
-                f"under-predicted at {mem.total / usable:.0%}; flips with the optimizer-step temporary "
-                f"(torch AdamW foreach sqrt over the stepped fp32 partition, {temp / GIB:.1f} GiB: step phase "
-                f"{step_with_temp / GIB:.1f} GiB > {usable / GIB:.1f})"
-            )
         if frag > short:
             return (
                 f"under-predicted at {mem.total / usable:.0%} ({short / GIB:.1f} GiB short); within allocator "
@@ -305,23 +276,6 @@ def main(argv: list[str] | None = None) -> int:
             f"  h = {h:.2f}: right {ok}/{len(evaluated)} ({ok / len(evaluated):.0%}); "
             f"runs that fit called oom: {wrong_fits}, runs that ran out of GPU memory called fits: {wrong_ooms}"
         )
-    print()
-    print("counterfactual, not dsgen: the run-knob prediction plus the optimizer-step temporary (optimizer_temporary):")
-    for h in HEADROOMS:
-        ok = 0
-        for case, e, _ in evaluated:
-            step = e.memory.gpu.optimizer_step + optimizer_temporary(case, e, case["_params"])
-            peak = max(e.memory.gpu.total, step)
-            fits_gpu = peak <= e.usable_gpu_bytes * (1 - h)
-            outcome = case["outcome"]
-            ok += (
-                (fits_gpu and e.fits_cpu)
-                if outcome == "fits"
-                else (not fits_gpu)
-                if outcome == "oom"
-                else not e.fits_cpu
-            )
-        print(f"  h = {h:.2f}: right {ok}/{len(evaluated)} ({ok / len(evaluated):.0%})")
     n, m = tallies["ds"]
     print(
         f"DeepSpeed estimator {n}/{m} ({n / m:.0%}) - {ds_source}; stage-0 cases have no estimator and are not counted"

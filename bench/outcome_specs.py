@@ -26,6 +26,7 @@ import yaml
 
 from dsgen.api import load_spec, solve_spec
 from dsgen.catalog.model_shape import ModelShape
+from dsgen.estimate.optimizers import TORCH_OPTIMIZERS
 from dsgen.plan import ZeroKnobs
 from dsgen.solver import Evaluation, evaluate
 from dsgen.spec.types import Spec
@@ -50,6 +51,17 @@ def load_corpus(name: str) -> dict[str, Any]:
     with open(DATA / f"{name}.yaml", encoding="utf-8") as handle:
         data: dict[str, Any] = yaml.safe_load(handle)
     return data
+
+
+def implementation(case: dict[str, Any]) -> str:
+    """Who built the optimizer: ``torch`` when the run's trainer built torch.optim's class (the
+    corpus's ``optimizer_impl``, torch by default), else ``deepspeed``. With optimizer offload
+    DeepSpeed 0.19.8 refuses a client optimizer unless ``zero_force_ds_cpu_optimizer`` is false
+    (runtime/engine.py, ``_configure_basic_optimizer``), so an offloaded run stepped with
+    DeepSpeedCPUAdam whatever the trainer built."""
+    offloaded = case["zero_stage"] > 0 and case["offload_optimizer"] != "none"
+    torch_built = case.get("optimizer_impl", "torch") == "torch" and case["optimizer"] in TORCH_OPTIMIZERS
+    return "torch" if torch_built and not offloaded else "deepspeed"
 
 
 def spec_mapping(case: dict[str, Any], corpus: dict[str, Any]) -> dict[str, Any]:
@@ -81,7 +93,7 @@ def spec_mapping(case: dict[str, Any], corpus: dict[str, Any]) -> dict[str, Any]
             "global_batch_size": case["micro_batch"] * case["grad_accum"] * world,
             "precision": case["precision"],
             "attention": case["attention"],
-            "optimizer": {"type": case["optimizer"]},
+            "optimizer": {"type": case["optimizer"], "implementation": implementation(case)},
         },
         "constraints": {
             "zero_stage": stage,

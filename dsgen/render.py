@@ -86,7 +86,7 @@ def optimizer_block(spec: Spec) -> dict[str, Any]:
     """DeepSpeed's optimizer section for the spec's optimizer (names as DeepSpeed resolves them)."""
     o = spec.training.optimizer
     betas = list(o.betas)
-    if is_client_optimizer(o.type):
+    if is_client_optimizer(o):
         # built by the training script and passed to deepspeed.initialize(optimizer=...): the
         # config names no optimizer, and ZeRO must be told to accept one it has not tested
         return {"type": None, "params": None, "untested": True}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from dsgen.estimate.optimizers import CLIENT_OPTIMIZERS, is_client_optimizer
+from dsgen.estimate.optimizers import client_optimizer_class, is_client_optimizer
 from dsgen.plan import Plan
 from dsgen.solver import Evaluation, SolveResult, gib
 from dsgen.spec.types import Spec
@@ -147,7 +147,7 @@ def result_dict(result: SolveResult) -> dict[str, Any]:
     }
     body["candidates_evaluated"] = result.candidates_evaluated
     body["accounting"] = result.accounting
-    body["notes"] = [result.batch_note] if result.batch_note else []
+    body["notes"] = [*spec.notes, *([result.batch_note] if result.batch_note else [])]
     return body
 
 
@@ -264,9 +264,9 @@ def script_requirements(spec: Spec, plan: Plan) -> str:
             'load the model with attn_implementation="flash_attention_2" (memory was sized for FlashAttention)'
         )
     optimizer = spec.training.optimizer
-    if is_client_optimizer(optimizer.type):
+    if is_client_optimizer(optimizer):
         needs.append(
-            f"build the optimizer and pass it to deepspeed.initialize(optimizer={CLIENT_OPTIMIZERS[optimizer.type]}"
+            f"build the optimizer and pass it to deepspeed.initialize(optimizer={client_optimizer_class(optimizer)}"
             f"(model.parameters(), lr={optimizer.lr:g}, ...)) (the config has no optimizer block)"
         )
     if plan.zero_stage == 3:
@@ -298,8 +298,8 @@ def human_summary(result: SolveResult) -> str:
     assert e is not None
     p = e.plan
     lines = []
-    if result.batch_note:
-        lines.append(f"note      {result.batch_note}")
+    for note in (*spec.notes, *([result.batch_note] if result.batch_note else [])):
+        lines.append(f"note      {note}")
     lines += [
         f"model     {spec.model.name} ({format_count(spec.model.parameter_count())} parameters)",
         f"hardware  {spec.hardware.nodes} x {spec.hardware.gpus_per_node} x {spec.hardware.gpu.name}",

@@ -331,7 +331,7 @@ def _structures(spec: Spec) -> Iterator[_Structure]:
     for stage in _choices(c.zero_stage, [0, 1, 2, 3]):
         # ZeRO-1/2 treat an NVMe optimizer device as CPU offload; only ZeRO-3 swaps to NVMe.
         optimizer_targets: list[OffloadDevice] = offload_targets if stage == 3 else ["none", "cpu"]
-        if stage == 0 or is_client_optimizer(spec.training.optimizer.type):
+        if stage == 0 or is_client_optimizer(spec.training.optimizer):
             # a client optimizer (Adafactor, 8-bit AdamW) is never offloaded: see the spec loader
             optimizer_offloads: list[OffloadDevice] = ["none"]
         elif c.offload_optimizer is None:
@@ -353,7 +353,7 @@ def _structures(spec: Spec) -> Iterator[_Structure]:
                 )
                 # ZeRO++ targets multi-node ZeRO-3 with parameters on the GPU
                 zeropps = (
-                    ["none", "hpz", "hpz+qwz+qgz"]
+                    ZEROPP_CHOICES[c.zeropp or "auto"]
                     if stage == 3 and hw.nodes > 1 and offload_param == "none"
                     else ["none"]
                 )
@@ -361,6 +361,17 @@ def _structures(spec: Spec) -> Iterator[_Structure]:
                     for zeropp in zeropps:
                         for checkpointing in _choices(c.activation_checkpointing, checkpointing_modes):
                             yield _Structure(stage, offload_optimizer, offload_param, ratio, zeropp, checkpointing)
+
+
+#: ZeRO++ features the solver may use per ``constraints.zeropp``. hpZ keeps a secondary parameter
+#: copy within the node and changes no numerics; qwZ (int8 weight all-gather) and qgZ (int4
+#: gradient reduce-scatter) quantize, so the solver uses them only when the user asks (``full``).
+ZEROPP_CHOICES: dict[str, list[str]] = {
+    "auto": ["none", "hpz"],
+    "none": ["none"],
+    "hpz": ["hpz"],
+    "full": ["hpz+qwz+qgz"],
+}
 
 
 def _with_zeropp(knobs: ZeroKnobs, zeropp: str, gpus_per_node: int) -> ZeroKnobs:

@@ -352,15 +352,24 @@ def test_top_table_and_explain(capsys) -> None:
     assert "offload choices not chosen:" in explained.stdout and "compute" in explained.stdout
 
 
-def test_slow_inter_node_link_moves_large_model_to_zeropp() -> None:
-    def chosen(bandwidth: float):
+def test_slow_inter_node_link_moves_large_model_to_zeropp_only_as_far_as_allowed() -> None:
+    """ZeRO++ quantization (qwZ, qgZ) changes numerics: only ``zeropp: full`` lets the solver use it."""
+
+    def chosen(bandwidth: float, zeropp: str | None = None):
         text = base("llama-3.1-70b", "a100-80gb", nodes=4, batch=512, extra="").replace(
             "cpu_memory_gib: 1024}", f"cpu_memory_gib: 1024, inter_node_bandwidth_gbps: {bandwidth}}}"
         )
+        if zeropp:
+            text += f"constraints: {{zeropp: {zeropp}}}\n"
         result = solve_spec(spec_from(text))
         assert result.best is not None
         return result.best.plan
 
     assert chosen(50).knobs.hpz_partition_size == 1
-    slow = chosen(6.25)
+    for zeropp in (None, "none", "hpz"):
+        plan = chosen(6.25, zeropp)
+        assert not plan.knobs.quantized_weights and not plan.knobs.quantized_gradients, zeropp
+    assert chosen(6.25, "none").knobs.hpz_partition_size == 1
+    slow = chosen(6.25, "full")
     assert slow.knobs.hpz_partition_size == 8 and slow.zero_stage == 3
+    assert slow.knobs.quantized_weights and slow.knobs.quantized_gradients

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from dsgen.units import GIB
 
+FLASH_ATTENTION_MIN_MAJOR = 8  # compute capability major version FlashAttention-2 needs
+
 
 @dataclass(frozen=True)
 class GpuSpec:
@@ -30,6 +32,15 @@ class GpuSpec:
     vendor: str = "nvidia"
     compute_capability: str = ""
     description: str = ""
+
+    @property
+    def runs_flash_attention(self) -> bool:
+        """FlashAttention-2 runs on NVIDIA compute capability 8.0 and newer (Ampere, Ada, Hopper,
+        Blackwell; its README: "Turing GPUs not supported yet"); V100 (7.0) and T4 (7.5) cannot.
+        A GPU without a stated compute capability is not judged."""
+        if self.vendor != "nvidia" or not self.compute_capability:
+            return True
+        return int(self.compute_capability.split(".")[0]) >= FLASH_ATTENTION_MIN_MAJOR
 
     @property
     def memory_bytes(self) -> int:

@@ -13,10 +13,10 @@ from dataclasses import dataclass, replace
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.estimate.activations import estimate_activations
-from dsgen.estimate.model_states import ModelStates, model_states
-from dsgen.estimate.optimizers import flat_state_bytes
+from dsgen.estimate.model_states import ModelStates, model_states, zero3_layout, zero12_partition
+from dsgen.estimate.optimizers import flat_state_bytes, step_temporary_bytes
 from dsgen.plan import Plan
-from dsgen.spec.types import Hardware, Training
+from dsgen.spec.types import Hardware, Optimizer, Training
 from dsgen.units import FP32, GIB
 from dsgen.vocabulary import ACCOUNTINGS, Accounting, StepPhase
 
@@ -61,6 +61,7 @@ class GpuMemory:
     backward_gradients: int  # gradient memory while forward/backward run
     step_gradients: int  # the optimizer step's hand-off: fp32 gradients formed beside the 16-bit ones
     step_overhead: int = 0  # fixed allowances only: no activation-proportional slack in the step
+    step_temporary: int = 0  # the optimizer's own working tensors while it steps (torch foreach)
     _total = None  # cache of ``total``, not a field (no annotation); set with object.__setattr__
 
     @property
@@ -82,7 +83,14 @@ class GpuMemory:
 
     @property
     def optimizer_step(self) -> int:
-        return self.parameters + self.step_gradients + self.optimizer_states + self.buffers + self.step_overhead
+        return (
+            self.parameters
+            + self.step_gradients
+            + self.optimizer_states
+            + self.buffers
+            + self.step_temporary
+            + self.step_overhead
+        )
 
     @property
     def total(self) -> int:
@@ -169,6 +177,31 @@ def transient_bytes(shape: ModelShape, plan: Plan, training: Training, recompute
     tokens = plan.micro_batch_size * training.sequence_length
     logits = tokens * shape.vocab_size * (plan.dtype_bytes + 2 * FP32)
     return max(logits, recompute_working_set)
+
+
+def stepped_elements(shape: ModelShape, plan: Plan) -> int:
+    """fp32 elements the optimizer updates in one call of its ``step``, as DeepSpeed 0.19.8 hands
+    them over: ZeRO-0 the flat fp32 master group (``FP16_Optimizer``/``BF16_Optimizer``; fp32
+    training: the model's tensors, all in one foreach call); ZeRO-1/2 the rank's flat partition of
+    the one parameter group (``stage_1_and_2.py``, ``_optimizer_step``); ZeRO-3 one sub-group at a
+    time, the largest (``stage3.py``, ``_optimizer_step`` per ``sub_group_id``)."""
+    if plan.zero_stage == 0:
+        return shape.parameter_count()
+    if plan.zero_stage < 3:
+        return zero12_partition(shape, plan.data_parallel_size)
+    k = plan.knobs
+    return zero3_layout(
+        shape, plan.data_parallel_size, k.param_persistence_threshold, k.sub_group_size
+    ).largest_sub_group
+
+
+def optimizer_step_temporary(shape: ModelShape, plan: Plan, optimizer: Optimizer) -> int:
+    """GPU bytes the optimizer's step allocates beyond its states (optimizers.step_temporary_bytes)
+    over what DeepSpeed hands it at once. Offloaded optimizers step on the host with
+    DeepSpeedCPUAdam (a client optimizer is never offloaded)."""
+    if plan.offload_optimizer != "none":
+        return 0
+    return step_temporary_bytes(optimizer, stepped_elements(shape, plan))
 
 
 def host_bytes(
@@ -303,6 +336,7 @@ def estimate_memory(
         backward_gradients=states.backward_gradients,
         step_gradients=states.step_gradients,
         step_overhead=fixed,
+        step_temporary=optimizer_step_temporary(shape, plan, training.optimizer),
     )
     cpu = HostMemory(total=host_total, capacity=hardware.cpu_memory_bytes, offloaded_states=offloaded, process=process)
     nvme_capacity = hardware.nvme.capacity_bytes if hardware.nvme else 0

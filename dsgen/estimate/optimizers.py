@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from math import prod
 
+from dsgen.spec.types import Optimizer
 from dsgen.units import FP32
 
 #: Bytes per element of DeepSpeed's own optimizers (named in the config's optimizer block).
@@ -50,9 +51,42 @@ BNB_MIN_8BIT_SIZE = 4096
 BNB_QUANTISATION_MAPS = 2 * 256 * FP32
 
 
-def is_client_optimizer(optimizer: str) -> bool:
+#: torch.optim classes a training script may build for the types DeepSpeed also implements
+#: (``training.optimizer.implementation: torch``; the HF Trainer builds ``torch.optim.AdamW`` when
+#: the DeepSpeed config has no optimizer block).
+TORCH_OPTIMIZERS = {
+    "adamw": "torch.optim.AdamW",
+    "adam": "torch.optim.Adam",
+    "sgd": "torch.optim.SGD",
+    "adagrad": "torch.optim.Adagrad",
+}
+
+#: torch optimizers whose foreach step allocates one fp32 tensor per stepped element beyond the
+#: states: Adam/AdamW ``exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)``
+#: (torch/optim/adam.py, ``_multi_tensor_adam``), Adagrad ``std = torch._foreach_sqrt(state_sums)``
+#: (torch/optim/adagrad.py, ``_multi_tensor_adagrad``). torch's SGD updates in place without
+#: weight decay; with it, it copies the gradients (not modelled: dsgen's SGD default has none).
+TORCH_STEP_TEMPORARY_BYTES = {"adamw": FP32, "adam": FP32, "adagrad": FP32}
+
+
+def is_client_optimizer(optimizer: Optimizer) -> bool:
     """True for optimizers the training script builds itself (no ``optimizer`` block in the config)."""
-    return optimizer in CLIENT_OPTIMIZERS
+    return optimizer.type in CLIENT_OPTIMIZERS or optimizer.implementation == "torch"
+
+
+def client_optimizer_class(optimizer: Optimizer) -> str:
+    """The class a training script passes to ``deepspeed.initialize`` for a client optimizer."""
+    return CLIENT_OPTIMIZERS.get(optimizer.type) or TORCH_OPTIMIZERS[optimizer.type]
+
+
+def step_temporary_bytes(optimizer: Optimizer, stepped_elements: int) -> int:
+    """Bytes the optimizer's step allocates beyond its states while it updates ``stepped_elements``
+    fp32 elements at once. DeepSpeed's FusedAdam, DeepSpeedCPUAdam and the other fused kernels
+    update in place (none); torch's foreach Adam/AdamW/Adagrad hold one fp32 temporary of the
+    stepped tensors (torch >= 2.0 picks the foreach path on CUDA: ``_default_to_fused_or_foreach``)."""
+    if optimizer.implementation != "torch":
+        return 0
+    return TORCH_STEP_TEMPORARY_BYTES.get(optimizer.type, 0) * stepped_elements
 
 
 def state_bytes(optimizer: str, tensors: Iterable[tuple[int, ...]]) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 from dsgen.catalog.gpu import GpuSpec
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.errors import DsgenError
-from dsgen.estimate.optimizers import CLIENT_OPTIMIZERS, is_client_optimizer
+from dsgen.estimate.optimizers import TORCH_OPTIMIZERS, client_optimizer_class, is_client_optimizer
 from dsgen.resources import schema_path
 from dsgen.spec.defaults import spec_default
 from dsgen.spec.overrides import apply_overrides
@@ -146,6 +146,7 @@ class _SpecBuilder:
     def __init__(self, source: SourceMap, base_dir: Path) -> None:
         self.source = source
         self.base_dir = base_dir
+        self.notes: list[str] = []
 
     def fail(self, path: tuple[str, ...], message: str, hint: str | None = None) -> DsgenError:
         return DsgenError(message, path=".".join(path), location=self.source.location(path), hint=hint)
@@ -174,6 +175,7 @@ class _SpecBuilder:
             source=self.source.file,
             key_lines=key_lines,
             key_overrides=key_overrides,
+            notes=tuple(self.notes),
         )
 
     # ---- model ---------------------------------------------------------------------------
@@ -294,11 +296,26 @@ class _SpecBuilder:
             raise self.fail(("training",), f"give exactly one of global_batch_size or tokens_per_step ({found})")
         opt = block.get("optimizer", {})
         optimizer = _given(
-            opt, "type", "lr", "weight_decay", "eps", "momentum", floats=("lr", "weight_decay", "eps", "momentum")
+            opt,
+            "type",
+            "implementation",
+            "lr",
+            "weight_decay",
+            "eps",
+            "momentum",
+            floats=("lr", "weight_decay", "eps", "momentum"),
         )
+        if optimizer.get("implementation") == "torch" and optimizer.get("type", Optimizer.type) not in TORCH_OPTIMIZERS:
+            raise self.fail(
+                ("training", "optimizer", "implementation"),
+                f"torch has no {optimizer.get('type', Optimizer.type)} optimizer dsgen models",
+                hint=f"implementation torch is for {', '.join(TORCH_OPTIMIZERS)}",
+            )
         if "betas" in opt:
             optimizer["betas"] = (float(opt["betas"][0]), float(opt["betas"][1]))
+        attention = self.attention(block, gpu)
         return Training(
+            attention=attention,
             optimizer=Optimizer(**optimizer),
             scheduler=Scheduler(**_given(block.get("scheduler", {}), "type", "warmup_steps", "total_steps")),
             **_given(
@@ -307,12 +324,32 @@ class _SpecBuilder:
                 "global_batch_size",
                 "tokens_per_step",
                 "precision",
-                "attention",
                 "gradient_clipping",
                 "mfu",
                 floats=("gradient_clipping",),
             ),
         )
+
+    def attention(self, block: dict[str, Any], gpu: GpuSpec) -> str:
+        """The attention kernel: FlashAttention-2 needs compute capability 8.0 (gpu.runs_flash_attention).
+        Written by the user on an older GPU it is refused; left to the default it becomes sdpa
+        (same memory in dsgen's model: both fused, no score matrix), with a note in the output."""
+        given = block.get("attention")
+        if gpu.runs_flash_attention or given not in (None, "flash"):
+            return str(given or spec_default("training.attention"))
+        cc = gpu.compute_capability
+        if given == "flash":
+            raise self.fail(
+                ("training", "attention"),
+                f"FlashAttention-2 needs compute capability 8.0 or newer; {gpu.name} has {cc}",
+                hint="use attention: sdpa (PyTorch's fused kernels run on this GPU) or eager",
+            )
+        if spec_default("training.attention") != "flash":
+            return str(spec_default("training.attention"))
+        self.notes.append(
+            f"attention sdpa: the default, FlashAttention-2, needs compute capability 8.0 and {gpu.name} has {cc}"
+        )
+        return "sdpa"
 
     # ---- constraints ---------------------------------------------------------------------
     def check_client_optimizer(self, training: Training, constraints: Constraints) -> None:
@@ -322,12 +359,12 @@ class _SpecBuilder:
         refuses to start unless ``zero_force_ds_cpu_optimizer`` is false, and then runs the
         client's unfused code on the host, which is not a plan dsgen recommends or sizes.
         """
-        optimizer = training.optimizer.type
+        optimizer = training.optimizer
         if is_client_optimizer(optimizer) and constraints.offload_optimizer not in (None, "none"):
             raise self.fail(
                 ("constraints", "offload_optimizer"),
-                f"optimizer offload runs DeepSpeed's own CPU Adam, not {CLIENT_OPTIMIZERS[optimizer]} "
-                f"(training.optimizer.type {optimizer})",
+                f"optimizer offload runs DeepSpeed's own CPU Adam, not {client_optimizer_class(optimizer)} "
+                f"(training.optimizer.type {optimizer.type}, implementation {optimizer.implementation})",
                 hint="use offload_optimizer: none, or an optimizer DeepSpeed implements (adamw, adam, lion, adagrad)",
             )
 
@@ -363,5 +400,6 @@ class _SpecBuilder:
             activation_checkpointing=CHECKPOINTING_PINS.get(pinned("activation_checkpointing")),
             micro_batch_size=pinned("micro_batch_size"),
             gradient_accumulation_steps=pinned("gradient_accumulation_steps"),
+            zeropp=pinned("zeropp"),
             **_given(block, "memory_headroom", "allow_batch_rounding", floats=("memory_headroom",)),
         )

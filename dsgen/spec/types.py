@@ -57,6 +57,7 @@ class Optimizer:
     """The optimizer the user trains with; its type decides the bytes of state per parameter."""
 
     type: str = spec_default("training.optimizer.type")
+    implementation: str = spec_default("training.optimizer.implementation")  # deepspeed | torch
     lr: float = spec_default("training.optimizer.lr")
     weight_decay: float = spec_default("training.optimizer.weight_decay")
     betas: tuple[float, float] = tuple(spec_default("training.optimizer.betas"))
@@ -100,6 +101,7 @@ class Constraints:
     gradient_accumulation_steps: int | None = None
     memory_headroom: float = spec_default("constraints.memory_headroom")
     allow_batch_rounding: str = spec_default("constraints.allow_batch_rounding")  # none | nearest
+    zeropp: str | None = None  # none | hpz | full; None (auto): hpZ allowed, no quantization
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,7 @@ class Spec:
     source: str | None = None  # the spec file, for messages
     key_lines: tuple[tuple[str, int], ...] = ()  # (dotted key path, line) for later error messages
     key_overrides: tuple[tuple[str, Location], ...] = ()  # (dotted key path, where it was set instead)
+    notes: tuple[str, ...] = ()  # what the loader replaced in the user's defaults, said in the output
 
     def location(self, path: str) -> Location:
         """Where ``path`` was written: on the command line or in a sweep if it or an ancestor was

@@ -25,13 +25,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dsgen.estimate.optimizers import CLIENT_OPTIMIZERS, is_client_optimizer
+from dsgen.estimate.optimizers import client_optimizer_class, is_client_optimizer
 from dsgen.plan import Plan
 from dsgen.render import optimizer_block, scheduler_block
 from dsgen.spec.types import Spec
 
 #: TrainingArguments ``optim`` for the optimizers the training script builds itself.
 HF_CLIENT_OPTIM = {"adafactor": "adafactor", "adamw-8bit": "adamw_bnb_8bit"}
+#: TrainingArguments ``optim`` for torch.optim classes (``training.optimizer.implementation: torch``).
+HF_TORCH_OPTIM = {"adamw": "adamw_torch", "sgd": "sgd", "adagrad": "adagrad"}
 
 #: TrainingArguments ``lr_scheduler_type`` for each spec scheduler (DeepSpeed's equivalent in
 #: dsgen.render.scheduler_block: WarmupLR, WarmupDecayLR to 0, WarmupCosineLR to 0.1 x lr).
@@ -119,9 +121,8 @@ def optimizer_for(spec: Spec, plan: Plan, target: str, autos: frozenset[str]) ->
     block = optimizer_block(spec)
     if target == "deepspeed":
         return block
-    kind = spec.training.optimizer.type
     wanted = named(spec, "training.optimizer") or plan.offload_optimizer != "none"
-    if is_client_optimizer(kind) or not wanted:
+    if is_client_optimizer(spec.training.optimizer) or not wanted:
         # the framework builds the optimizer and tells ZeRO to accept it (HF and Accelerate do
         # this themselves; Lightning does not)
         return {"type": None, "params": None, "untested": True}
@@ -159,7 +160,7 @@ def defaults_applied(spec: Spec, target: str) -> list[str]:
         return []
     notes = []
     o, s = spec.training.optimizer, spec.training.scheduler
-    if not named(spec, "training.optimizer") and not is_client_optimizer(o.type):
+    if not named(spec, "training.optimizer") and not is_client_optimizer(o):
         notes.append(f"optimizer {o.type} lr {o.lr:g} (dsgen default; set training.optimizer)")
     if not named(spec, "training.scheduler") and s.type != "none":
         notes.append(
@@ -204,10 +205,9 @@ def script_notes(spec: Spec, plan: Plan, target: str, optimizer: dict[str, Any])
             notes.append(
                 "mark the MoE block as a ZeRO-3 leaf: deepspeed.utils.set_z3_leaf_modules(model, [<the model's sparse MoE block class>])"
             )
-    kind = spec.training.optimizer.type
-    if is_client_optimizer(kind) and target != "hf-trainer":
+    if is_client_optimizer(spec.training.optimizer) and target != "hf-trainer":
         notes.append(
-            f"build the optimizer in the script: {CLIENT_OPTIMIZERS[kind]}(params, lr={spec.training.optimizer.lr:g})"
+            f"build the optimizer in the script: {client_optimizer_class(spec.training.optimizer)}(params, lr={spec.training.optimizer.lr:g})"
         )
     if target in ("accelerate", "lightning") and optimizer["type"] is None and named(spec, "training.scheduler"):
         s = spec.training.scheduler
@@ -246,6 +246,8 @@ def target_context(spec: Spec, plan: Plan, target: str, launcher: str) -> Target
     optimizer = optimizer_for(spec, plan, target, autos)
     kind = spec.training.optimizer.type
     hf_optim = HF_CLIENT_OPTIM.get(kind) if target == "hf-trainer" else None
+    if target == "hf-trainer" and spec.training.optimizer.implementation == "torch":
+        hf_optim = HF_TORCH_OPTIM.get(kind)
     return TargetContext(
         target=target,
         launcher=launcher,
