@@ -8,8 +8,10 @@ are per optimizer step.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import prod
 
 from dsgen.catalog.model_shape import ModelShape
+from dsgen.estimate.model_states import parameter_shapes, parameter_tensors
 from dsgen.estimate.optimizers import flat_state_bytes
 from dsgen.plan import Plan
 from dsgen.spec.types import Hardware, Training
@@ -23,6 +25,13 @@ PCIE_EFFICIENCY = 0.80
 MICRO_BATCH_TOKENS_HALF_EFFICIENCY = 256  # tokens per micro-batch at which kernels run at half MFU
 ZERO3_COMPUTE_OVERHEAD = 1.10  # ZeRO-3 module hooks, partition bookkeeping and gather traffic contending with compute
 COLLECTIVE_LATENCY_S = {"intra": 30e-6, "inter": 100e-6}  # fixed cost of launching one collective
+# Host-side cost of DeepSpeed 0.19.8's per-module and per-tensor hooks, measured with
+# bench/zero_hook_latency.py (one rank, CPU time of the step, 200 x Linear(8, 8)): ZeRO-3's
+# pre/post-module hooks around PartitionedParameterCoordinator.fetch_sub_module/release_sub_module,
+# per fetched module and pass; ZeRO-2's per-parameter gradient hook (process_gradients ->
+# reduce_independent_p_g_buckets_and_remove_grads) beyond ZeRO-1's, per tensor and micro-step.
+ZERO3_FETCH_HOST_S = 640e-6
+ZERO2_HOOK_HOST_S = 13e-6
 
 
 @dataclass(frozen=True)  # one per candidate plan
@@ -101,7 +110,36 @@ def exposed_communication_s(shape: ModelShape, plan: Plan, hardware: Hardware, c
     ``max(0, overlappable − hidden) + blocking + collectives × latency``."""
     overlappable, blocking = communication_s(shape, plan, hardware)
     exposed = max(0.0, overlappable - hidden_communication_s(shape, plan, compute)) + blocking
+    exposed += hook_s(shape, plan)
     return exposed + collective_latency_s(shape, plan, hardware) if plan.data_parallel_size > 1 else exposed
+
+
+def zero3_fetched_modules(shape: ModelShape, persistence_threshold: int) -> int:
+    """Modules ZeRO-3 fetches in one pass: one per weight matrix (Linear, Embedding; a bias rides
+    with its weight) larger than ``stage3_param_persistence_threshold`` (smaller parameters stay
+    whole on every rank: ``persistent_parameters``), plus a tied output head, which fetches the
+    shared embedding as its own module. Norms are 1-D and below any practical threshold."""
+    matrices = sum(1 for s in parameter_shapes(shape) if len(s) >= 2 and prod(s) > persistence_threshold)
+    return matrices + (1 if shape.tie_word_embeddings and not shape.encoder_only else 0)
+
+
+def hook_s(shape: ModelShape, plan: Plan) -> float:
+    """Seconds per step of ZeRO's host-side hooks, which neither bandwidth nor prefetch hide.
+
+    ZeRO-3: every fetched module runs a pre- and post-module hook in forward, again in backward
+    and again in a checkpointed recompute (``parameter_offload.py`` ``_pre_forward_module_hook``
+    -> ``partitioned_param_coordinator.py`` ``fetch_sub_module``), each micro-step. ZeRO-2: one
+    gradient hook per parameter tensor every micro-step; ZeRO-1 runs its loop once, at the boundary
+    (the difference is what ZERO2_HOOK_HOST_S measures).
+    """
+    accum = plan.gradient_accumulation_steps
+    if plan.zero_stage == 3:
+        passes = 3 if plan.checkpointing == "full" else 2
+        fetches = passes * zero3_fetched_modules(shape, plan.knobs.param_persistence_threshold)
+        return accum * fetches * ZERO3_FETCH_HOST_S
+    if plan.zero_stage == 2:
+        return accum * len(parameter_tensors(shape)) * ZERO2_HOOK_HOST_S
+    return 0.0
 
 
 def communication_s(shape: ModelShape, plan: Plan, hardware: Hardware) -> tuple[float, float]:
