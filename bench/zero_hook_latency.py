@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(tmp) / "times.json"
         job = Path(tmp) / "job.json"
         job.write_text(json.dumps({"modules": args.modules, "steps": args.steps, "out": str(out)}))
-        rc, log, timed_out, _ = run_torchrun([__file__, "--worker", str(job)], ranks=args.ranks, cwd=REPO, timeout=600)
+        rc, log, _, _ = run_torchrun([__file__, "--worker", str(job)], ranks=args.ranks, cwd=REPO, timeout=600)
         if rc != 0 or not out.exists():
             print(log[-4000:])
             return 1
