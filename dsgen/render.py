@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dsgen.errors import DsgenError, ExitCode
-from dsgen.estimate.memory import NVME_BUFFERS
+from dsgen.estimate.memory import nvme_buffers
 from dsgen.estimate.optimizers import is_client_optimizer
 from dsgen.plan import Plan
 from dsgen.resources import template_dir
@@ -237,7 +237,7 @@ def template_context(spec: Spec, plan: Plan, ctx: Any) -> dict[str, Any]:
         "optimizer": ctx.optimizer,
         "scheduler": ctx.scheduler,
         "nvme_path": spec.hardware.nvme.path if spec.hardware.nvme else None,
-        "nvme_buffers": NVME_BUFFERS,  # the swap buffers the memory estimate priced
+        "nvme_buffers": nvme_buffers(spec.training.optimizer.type),  # the swap buffers the memory estimate priced
         "auto": ctx.auto(),
         "emits": ctx.emits(),
         "named": lambda prefix: named(spec, prefix),

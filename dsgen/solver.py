@@ -7,7 +7,7 @@ fixed order and ties break toward the simpler plan.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -482,9 +482,29 @@ def _search(spec: Spec, global_batch: int, accounting: Accounting) -> tuple[list
                 chosen = price(st, knobs, micro, accum)
                 if chosen.fits_gpu:
                     break
+            if chosen.fits_gpu and not chosen.fits_cpu and st.offload_optimizer == "nvme":
+                chosen = _shrink_sub_groups(chosen, lambda knobs: price(st, knobs, micro, accum))
             kept.append(chosen)
             overflowed = overflowed or not chosen.fits_gpu
     return kept, evaluated
+
+
+#: sub_group_size values tried, largest first, when host RAM is what an NVMe-offload plan lacks.
+#: Its pinned swap buffers and fp32 gradient buffer scale with the largest sub-group
+#: (dsgen.estimate.memory.nvme_optimizer_host_bytes); below 1e7 elements each NVMe transfer is
+#: too small to keep the drive busy, so the search stops there.
+NVME_SUB_GROUP_SIZES = (100_000_000, 50_000_000, 20_000_000, 10_000_000)
+
+
+def _shrink_sub_groups(chosen: Evaluation, price: Callable[[ZeroKnobs], Evaluation]) -> Evaluation:
+    """The first smaller ``sub_group_size`` whose host RAM fits, else the smallest tried."""
+    for size in NVME_SUB_GROUP_SIZES:
+        if size >= chosen.plan.knobs.sub_group_size:
+            continue
+        chosen = price(replace(chosen.plan.knobs, sub_group_size=size))
+        if chosen.fits_cpu:
+            break
+    return chosen
 
 
 def _best_of(evaluations: list[Evaluation]) -> Evaluation:

@@ -30,8 +30,8 @@ HOST_RESERVE = 0.10  # share of host RAM left for the OS, page cache and data lo
 
 @dataclass(frozen=True)
 class NvmeBuffers:
-    """The ZeRO-Infinity swap buffers dsgen renders (``templates/deepspeed.json.j2`` reads these
-    values) and prices in host RAM: one source for both."""
+    """The ZeRO-Infinity swap buffers dsgen renders (``templates/deepspeed/ds_config.json.j2`` reads
+    these values) and prices in host RAM: one source for both (:func:`nvme_buffers`)."""
 
     optimizer_count: int = 4  # offload_optimizer.buffer_count, each one optimizer sub-group of fp32
     param_count: int = 5  # offload_param.buffer_count
@@ -39,6 +39,23 @@ class NvmeBuffers:
 
 
 NVME_BUFFERS = NvmeBuffers()
+
+#: fp32 tensors per element the optimizer swapper moves through pinned buffers besides the master
+#: weight and the gradient: the optimizer's own states (Adam/AdamW two moments, the others one).
+SWAPPED_STATE_TENSORS = {"adamw": 2, "adam": 2, "lion": 1, "sgd": 1, "adagrad": 1}
+
+
+def nvme_buffers(optimizer: str) -> NvmeBuffers:
+    """The swap buffers for ``optimizer``: as few optimizer buffers as DeepSpeed 0.19.8 needs.
+
+    ``PartitionedOptimizerSwapper.swap_in_optimizer_state`` (swap_tensor/partitioned_optimizer_swapper.py)
+    takes ``num_tensors() + 1`` buffers at once for a sub-group (fp32 master, each state, the
+    gradient) and asserts it got them; dsgen renders no pipelined swapping, which would need more.
+    So Adam/AdamW need DeepSpeed's default 4 and the one-state optimizers 3. Each buffer holds the
+    largest sub-group (``SwapBufferManager(num_elems=largest_numel, count=buffer_count)``), which
+    ``sub_group_size`` controls.
+    """
+    return replace(NVME_BUFFERS, optimizer_count=2 + SWAPPED_STATE_TENSORS.get(optimizer, 2))
 
 
 @dataclass(frozen=True)  # one per candidate plan
@@ -222,19 +239,34 @@ def host_bytes(
         # 16-bit staging copies DeepSpeed pins for offload (model_states.offloaded_optimizer_bytes)
         offloaded += int(ranks * states.offloaded_optimizer * plan.offload_ratio)
     elif plan.offload_optimizer == "nvme":
-        # fp32 gradients stay on the host; states are swapped through pinned buffers
-        swap = NVME_BUFFERS.optimizer_count * min(plan.knobs.sub_group_size, per_rank_partition) * FP32
-        offloaded += ranks * (FP32 * per_rank_partition + swap)
+        offloaded += ranks * nvme_optimizer_host_bytes(shape, plan, optimizer)
     if plan.offload_param == "cpu":
         offloaded += ranks * w * per_rank_partition
     elif plan.offload_param == "nvme":
-        offloaded += ranks * NVME_BUFFERS.param_count * NVME_BUFFERS.param_size * w  # pinned swap buffers
+        buffers = nvme_buffers(optimizer)
+        offloaded += ranks * buffers.param_count * buffers.param_size * w  # pinned swap buffers
     # Loading a checkpoint without zero.Init materialises the full 16-bit model in every process;
     # those host copies are freed once the engine moves the model to the GPU, before the offloaded
     # states are allocated, so the two do not add up.
     loading = ranks * w * p if plan.zero_stage < 3 else 0
     process = ranks * HOST_BYTES_PER_RANK
     return process + max(loading, offloaded), offloaded
+
+
+def nvme_optimizer_host_bytes(shape: ModelShape, plan: Plan, optimizer: str) -> int:
+    """Host bytes per rank of ZeRO-3 optimizer offload to NVMe, as DeepSpeed 0.19.8 allocates them
+    (``stage3.py``): the 16-bit gradient partitions (``grad_partitions_flat_buffer``, on the host
+    under optimizer offload, pinned); one fp32 gradient buffer of the largest sub-group that every
+    swapped sub-group's ``.grad`` views (``initialize_optimizer_states``: ``gradient_buffer``); and
+    the pinned swap buffers, ``buffer_count`` x the largest sub-group x 4 B (``SwapBufferManager``).
+    The fp32 gradients themselves are swapped out to NVMe per sub-group at the boundary
+    (``_offload_grad_partition_at_boundary`` -> ``_swap_out_offload_fp32_gradients``), and the fp32
+    master weights and states live on NVMe; neither stays in host RAM."""
+    k = plan.knobs
+    layout = zero3_layout(shape, plan.data_parallel_size, k.param_persistence_threshold, k.sub_group_size)
+    largest = layout.largest_sub_group
+    count = nvme_buffers(optimizer).optimizer_count
+    return plan.dtype_bytes * layout.partition + FP32 * largest + count * FP32 * largest
 
 
 def nvme_bytes(shape: ModelShape, plan: Plan, hardware: Hardware, optimizer: str) -> int:
