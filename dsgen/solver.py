@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TypeVar
 
 from dsgen.catalog.model_shape import ModelShape
@@ -483,7 +484,7 @@ def _search(spec: Spec, global_batch: int, accounting: Accounting) -> tuple[list
                 if chosen.fits_gpu:
                     break
             if chosen.fits_gpu and not chosen.fits_cpu and st.offload_optimizer == "nvme":
-                chosen = _shrink_sub_groups(chosen, lambda knobs: price(st, knobs, micro, accum))
+                chosen = _shrink_sub_groups(chosen, partial(price, st, micro=micro, accum=accum))
             kept.append(chosen)
             overflowed = overflowed or not chosen.fits_gpu
     return kept, evaluated
