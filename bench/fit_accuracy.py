@@ -38,6 +38,7 @@ for entry in (str(REPO), str(REPO / "bench")):
 from outcome_specs import Priced, load_corpus, price  # noqa: E402
 
 from dsgen.solver import Evaluation  # noqa: E402
+from dsgen.spec.defaults import spec_default  # noqa: E402
 
 GIB = 1 << 30
 VERDICTS = ("fits", "oom", "host_oom")
@@ -116,6 +117,16 @@ def ds_estimate(case: dict[str, Any], priced: Priced, z2: Any, z3: Any) -> DsVer
     if cpu > hw.cpu_memory_bytes:
         return DsVerdict(int(gpu), int(cpu), "host_oom")
     return DsVerdict(int(gpu), int(cpu), "fits")
+
+
+def right_at(outcome: str, e: Evaluation, headroom: float) -> bool:
+    """Whether the verdict is right when a plan fits only below ``(1 - headroom)`` of GPU memory."""
+    fits_gpu = e.memory.gpu.total <= e.usable_gpu_bytes * (1 - headroom)
+    if outcome == "fits":
+        return fits_gpu and e.fits_cpu
+    if outcome == "oom":
+        return not fits_gpu
+    return not e.fits_cpu
 
 
 def terms(e: Evaluation) -> str:
@@ -248,6 +259,17 @@ def main(argv: list[str] | None = None) -> int:
     for key, label in (("dsgen", "dsgen (its own knobs)"), ("run", "dsgen (the run's knobs)")):
         n, m = tallies[key]
         print(f"verdicts right {n}/{m} ({n / m:.0%}) - {label}")
+    default = float(spec_default("constraints.memory_headroom"))
+    at_default = sum(right_at(case["outcome"], e, default) for case, e, _ in evaluated)
+    print(
+        f"verdicts right {at_default}/{len(evaluated)} ({at_default / len(evaluated):.0%}) - dsgen (the run's knobs) "
+        f"at its default memory_headroom {default:g}: the verdict a user gets"
+    )
+    for case, e, _ in evaluated:
+        if not right_at(case["outcome"], e, default):
+            print(
+                f"  wrong at {default:g}: {case['id']} ({case['outcome']}; GPU {e.memory.gpu.total / e.usable_gpu_bytes:.0%})"
+            )
     print()
     print("by outcome (run knobs | DeepSpeed estimator):")
     for kind in VERDICTS:

@@ -242,14 +242,27 @@ def test_llama_8b_host_without_offload() -> None:
     assert host_bytes(spec.model, _plan(3), spec.hardware, "adamw") == (process, 0)
 
 
+# Pinned host blocks are rounded up to powers of two (CachingHostAllocator), per rank:
+# the bf16 flat parameter buffer 2 * 1_003_782_656 = 2_007_565_312 -> 2^31: + 139_918_336; and the
+# per-parameter pinned partitions, cached after the copy into the flat buffer (bytes 2 * n / 8):
+# embedding and lm_head 131_334_144 -> 2^27 each; per layer q, o 4_194_304 (= 2^22), k, v
+# 1_048_576 (= 2^20), gate, up, down 14_680_064 -> 2^24, two norms 1_024: 60_819_456 per layer;
+# 2 * 134_217_728 + 32 * 60_819_456 + 1_024 (final norm) = 2_214_659_072.
+PINNED_PARAMS = 139_918_336 + 2_214_659_072
+# optimizer offload: the bf16 gradient flat buffer (+ 139_918_336 as above) and one fp32 sub-group
+# gradient of the whole partition (sub_group_size 1e9 is reached only at the last tensor):
+# 4 * 1_003_782_656 = 4_015_130_624 -> 2^32: + 279_836_672.
+PINNED_OPTIMIZER = 139_918_336 + 279_836_672
+
+
 @pytest.mark.parametrize(
     ("opt", "offloaded"),
     [
-        # parameter offload alone: 8 ranks * 2 bytes * ⌈P/8⌉ = 16_060_522_496
-        ("none", G * W * PART),
+        # parameter offload alone: 8 ranks * (2 bytes * ⌈P/8⌉ + PINNED_PARAMS) = 34_897_141_760
+        ("none", G * (W * PART + PINNED_PARAMS)),
         # + CPU AdamW offload at ZeRO-3: (4 master + 8 moments + 4 fp32 grads + 2 bf16 grads) * ⌈P/8⌉
-        # per rank: 8 * (18 + 2) * 1_003_782_656 = 160_605_224_960
-        ("cpu", G * (18 + 2) * PART),
+        # + PINNED_OPTIMIZER per rank: 8 * ((18 + 2) * 1_003_782_656 + 2_774_332_416) = 182_799_884_288
+        ("cpu", G * ((18 + 2) * PART + PINNED_PARAMS + PINNED_OPTIMIZER)),
     ],
 )
 def test_llama_8b_host_with_cpu_parameter_offload_at_zero3(opt: str, offloaded: int) -> None:
@@ -261,7 +274,7 @@ def test_llama_8b_host_with_cpu_parameter_offload_at_zero3(opt: str, offloaded: 
     cpu = estimate_memory(spec.model, plan, spec.hardware, spec.training).cpu
     assert cpu.offloaded_states == offloaded
     assert cpu.total == process + offloaded
-    assert offloaded in (16_060_522_496, 160_605_224_960)
+    assert offloaded in (34_897_141_760, 182_799_884_288)
 
 
 # ---- 5. NVMe optimizer offload -------------------------------------------------------------------
@@ -311,3 +324,10 @@ def test_llama_8b_host_loading_copy_and_offload_do_not_add_up() -> None:
     # host = process + max(loading, offloaded) = 25_769_803_776 + 152_950_087_680 = 178_719_891_456
     assert host_bytes(spec.model, plan, spec.hardware, "adamw") == (178_719_891_456, offloaded)
     assert G * 3 * GIB + max(G * W * P, offloaded) == 178_719_891_456
+
+
+def test_pinned_blocks_round_up_to_powers_of_two() -> None:
+    # CachingHostAllocator: c10::llvm::PowerOf2Ceil(size) below pinned_max_round_threshold (SIZE_MAX)
+    from dsgen.estimate.memory import pinned
+
+    assert [pinned(n) for n in (0, 1, 3, 4, 1_000, 2**31, 2**31 + 1)] == [0, 1, 4, 4, 1_024, 2**31, 2**32]

@@ -13,7 +13,13 @@ from dataclasses import dataclass, replace
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.estimate.activations import estimate_activations
-from dsgen.estimate.model_states import ModelStates, model_states, zero3_layout, zero12_partition
+from dsgen.estimate.model_states import (
+    ModelStates,
+    model_states,
+    parameter_tensors,
+    zero3_layout,
+    zero12_partition,
+)
 from dsgen.estimate.optimizers import flat_state_bytes, step_temporary_bytes
 from dsgen.plan import Plan
 from dsgen.spec.types import Hardware, Optimizer, Training
@@ -245,12 +251,54 @@ def host_bytes(
     elif plan.offload_param == "nvme":
         buffers = nvme_buffers(optimizer)
         offloaded += ranks * buffers.param_count * buffers.param_size * w  # pinned swap buffers
+    offloaded += ranks * pinned_rounding_bytes(shape, plan)
     # Loading a checkpoint without zero.Init materialises the full 16-bit model in every process;
     # those host copies are freed once the engine moves the model to the GPU, before the offloaded
     # states are allocated, so the two do not add up.
     loading = ranks * w * p if plan.zero_stage < 3 else 0
     process = ranks * HOST_BYTES_PER_RANK
     return process + max(loading, offloaded), offloaded
+
+
+def pinned(nbytes: int) -> int:
+    """Host bytes a pinned allocation of ``nbytes`` takes: PyTorch's CachingHostAllocator (what
+    ``tensor.pin_memory()`` and so DeepSpeed's ``get_accelerator().pin_memory`` use) rounds every
+    block up to the next power of two (``ATen/core/CachingHostAllocator.h``: "Round up the
+    allocation to the nearest power of two to improve reuse", unless ``pinned_max_round_threshold``
+    is set; its default is SIZE_MAX), and keeps freed blocks cached, pinned."""
+    return 1 << (nbytes - 1).bit_length() if nbytes > 0 else 0
+
+
+def pinned_rounding_bytes(shape: ModelShape, plan: Plan) -> int:
+    """Host bytes per rank that ZeRO-3 CPU offload pins beyond the tensors' own sizes (:func:`pinned`).
+
+    Optimizer offload pins the 16-bit gradient partitions as one flat buffer
+    (``stage3.py``: ``grad_partitions_flat_buffer``) and each sub-group's fp32 gradient
+    (``initialize_optimizer_states``: ``subgroup_gradient_buffer``). Parameter offload pins every
+    parameter's partition on its own when it is created (``partition_parameters.py``:
+    ``partitioned_tensor = get_accelerator().pin_memory(...)``), then copies them into one pinned
+    flat buffer (``stage3.py``: ``param_groups_fp16_flat_cpu_memory``,
+    ``_create_fp16_partitions_with_defragmentation``); the per-parameter blocks go back to the
+    allocator's cache, still pinned, and no later allocation of another size reuses them, so they
+    count whole. ZeRO-1/2 offload and the fp32 master weights and optimizer states (not pinned:
+    ``clone()`` and ``zeros_like``) are not rounded here.
+    """
+    if plan.zero_stage != 3:
+        return 0
+    w = plan.dtype_bytes
+    n = plan.data_parallel_size
+    k = plan.knobs
+    extra = 0
+    layout = zero3_layout(shape, n, k.param_persistence_threshold, k.sub_group_size)
+    if plan.offload_optimizer == "cpu":
+        flat = w * layout.partition
+        extra += pinned(flat) - flat
+        extra += sum(pinned(FP32 * g) - FP32 * g for g in layout.sub_groups)
+    if plan.offload_param == "cpu":
+        flat = w * layout.partition
+        extra += pinned(flat) - flat
+        extra += sum(pinned(w * -(-t // n)) for t in parameter_tensors(shape))
+    return extra
 
 
 def nvme_optimizer_host_bytes(shape: ModelShape, plan: Plan, optimizer: str) -> int:
