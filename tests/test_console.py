@@ -42,7 +42,15 @@ def test_exit_codes_survive_the_fast_exit(tmp_path: Path) -> None:
     assert bad.returncode == 2
     assert "spec file not found" in bad.stderr
     infeasible = _dsgen(
-        "solve", str(EXAMPLE), "--set", "hardware.gpu=t4", "--set", "constraints.offload_optimizer=none", cwd=tmp_path
+        "solve",
+        str(EXAMPLE),
+        "--set",
+        "hardware.gpu=t4",
+        "--set",
+        "training.attention=sdpa",  # the example writes flash, which a T4 cannot run (exit 2)
+        "--set",
+        "constraints.offload_optimizer=none",
+        cwd=tmp_path,
     )
     assert infeasible.returncode == 3, infeasible.stderr
     usage = _dsgen(cwd=tmp_path)
