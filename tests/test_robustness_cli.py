@@ -240,8 +240,16 @@ def test_each_error_exits_with_its_own_code(tmp_path: Path, capsys: pytest.Captu
     from dsgen import errors
 
     infeasible = run_cli(
-        ["solve", str(EXAMPLE), "--set", "hardware.gpu=t4", "--set", "training.attention=sdpa"]
-        + ["--set", "constraints.offload_optimizer=none"],
+        [
+            "solve",
+            str(EXAMPLE),
+            "--set",
+            "hardware.gpu=t4",
+            "--set",
+            "training.attention=sdpa",
+            "--set",
+            "constraints.offload_optimizer=none",
+        ],
         capsys,
     )
     assert infeasible.exit_code == errors.ExitCode.INFEASIBLE == errors.InfeasibleError("x").exit_code
