@@ -14,7 +14,9 @@ see bench/outcome_specs.py), solves it, and prints:
 * for each miss, one classified reason: the first not-yet-modelled term that, added to dsgen's
   prediction, would flip the verdict (or, for over-predictions, dsgen's largest term).
 
-Final lines: ``verdicts right N/M (X %)`` for each pricing and for DeepSpeed's estimator.
+Final lines: ``verdicts right N/M (X %)`` for each pricing, for dsgen at its default
+``memory_headroom`` (the verdict a user gets, with the cases it gets wrong) and for DeepSpeed's
+estimator, then the GPU verdicts under other headrooms.
 
 Run: python bench/fit_accuracy.py [--json rows.json] [--case ID ...]   (a few seconds; DeepSpeed import
      included). A host RAM the source does not state is taken as 512 GiB and flagged "host?".

@@ -11,6 +11,9 @@ through ``constraints`` (stage, both offloads, checkpointing, micro-batch, accum
   (bucket sizes, overlap_comm, live parameters, prefetch, sub_group_size) nor the partial-offload
   share, hence this side door.
 
+Who built the optimizer is part of what ran: ``implementation: torch`` where the corpus says the
+trainer built torch's AdamW (see :func:`implementation`), so the optimizer-step temporary is priced.
+
 ``dsgen.api.load_spec`` takes a path; until it accepts a mapping the spec is written to a
 temporary YAML file first (the documented work-around).
 """
