@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
@@ -119,6 +120,7 @@ class _Layout:
     experts: int = 8
     experts_per_token: int = 2
     dropout_keys: tuple[str, ...] = ("attention_dropout",)
+    sliding_pattern: int = 0  # without layer_types: every n-th layer is global, the others slide (0: all slide)
 
 
 _LLAMA = _Layout("llama", max_positions=2048)
@@ -138,6 +140,7 @@ _LAYOUTS: dict[str, _Layout] = {
         activation="gelu_pytorch_tanh",
         norms_per_layer=4,
         bias_keys=(("attention_bias", "qkv o"),),
+        sliding_pattern=2,
     ),
     "phi3": _Layout(
         "phi3", max_positions=4096, bias_keys=(), dropout_keys=("resid_pdrop", "embd_pdrop", "attention_dropout")
@@ -168,6 +171,7 @@ _LAYOUTS: dict[str, _Layout] = {
         norms_per_layer=4,
         qk_norm="head",
         bias_keys=(("attention_bias", "qkv o"),),
+        sliding_pattern=6,
     ),
     "llama4_text": _Layout(
         "llama4_text",
@@ -244,6 +248,7 @@ _LAYOUTS: dict[str, _Layout] = {
         norms_per_layer=1,
         parallel=True,
         bias_keys=(("attention_bias", "qkv o"),),
+        sliding_pattern=4,
     ),
     "internlm3": _Layout(
         "internlm3",
@@ -310,9 +315,10 @@ def _moe_layers(cfg: _Config, layers: int) -> int:
     return sum(1 for i in range(first_dense, layers) if i not in dense_only and (i + 1) % step == 0)
 
 
-def _sliding_layers(cfg: _Config, layers: int) -> tuple[int, int]:
-    """(window, layers using it): ``layer_types`` when given, else every layer when a window is set
-    (and ``use_sliding_window`` is not false)."""
+def _sliding_layers(cfg: _Config, layers: int, layout: _Layout) -> tuple[int, int]:
+    """(window, layers using it): ``layer_types`` when given, else the family's pattern (Gemma,
+    Cohere: every n-th layer global), else every layer when a window is set and
+    ``use_sliding_window`` is not false."""
     window = cfg.data.get("sliding_window")
     if window is None or window == 0:
         return 0, 0
@@ -322,6 +328,11 @@ def _sliding_layers(cfg: _Config, layers: int) -> tuple[int, int]:
         return window, sum(1 for t in types[:layers] if t == "sliding_attention")
     if cfg.data.get("use_sliding_window") is False:
         return 0, 0
+    pattern = (
+        cfg.data.get("sliding_window_pattern") or cfg.data.get("_sliding_window_pattern") or layout.sliding_pattern
+    )
+    if type(pattern) is int and pattern > 0:
+        return window, sum(1 for i in range(layers) if (i + 1) % pattern)
     return window, layers
 
 
@@ -366,9 +377,9 @@ def _decoder(model_type: str, cfg: _Config, name: str) -> ModelShape:
         kv_heads, norms_per_layer, parallel = _falcon_attention(cfg, heads)
     else:
         kv_heads = cfg.integer("num_key_value_heads", heads if layout.kv_heads is None else layout.kv_heads)
-    if heads % kv_heads:
+    mla = cfg.data.get("kv_lora_rank") is not None  # MLA: every head has its own k and v
+    if heads % kv_heads and not mla:
         raise cfg.error("num_key_value_heads", f"{kv_heads} does not divide num_attention_heads ({heads})")
-    mla = cfg.data.get("kv_lora_rank") is not None
     mla_fields: dict[str, int] = {}
     if mla:
         nope, rope = cfg.integer("qk_nope_head_dim"), cfg.integer("qk_rope_head_dim")
@@ -413,7 +424,7 @@ def _decoder(model_type: str, cfg: _Config, name: str) -> ModelShape:
         moe_fields = {
             "num_experts": num_experts,
             "experts_per_token": per_token,
-            "moe_intermediate_size": expert_width,
+            "moe_intermediate_size": 0 if expert_width == intermediate else expert_width,  # 0: the same
             "dense_layers": layers - _moe_layers(cfg, layers),
             "shared_expert_intermediate_size": shared,
             "shared_expert_gate": layout.shared_gate and shared > 0,
@@ -426,7 +437,7 @@ def _decoder(model_type: str, cfg: _Config, name: str) -> ModelShape:
     qk_norm = layout.qk_norm
     if layout.qk_norm_key is not None and not cfg.boolean(layout.qk_norm_key, False):
         qk_norm = "none"
-    window, window_layers = _sliding_layers(cfg, layers)
+    window, window_layers = _sliding_layers(cfg, layers, layout)
     if model_type == "falcon":
         norm, gated = "layernorm", False
     else:
@@ -595,11 +606,65 @@ def shape_from_hf_config(path: Path, *, name: str | None = None) -> ModelShape:
     model_type = data.get("model_type")
     if model_type is None:
         raise cfg.error("model_type", "missing", hint=f"supported model types: {supported}")
-    reader = _READERS.get(model_type) if isinstance(model_type, str) else None
-    if reader is None:
-        raise cfg.error(
-            "model_type",
-            f"unsupported model_type {model_type!r}; supported: {supported}",
-            hint="describe the model with model.architecture instead",
-        )
-    return reader(cfg, name or file.resolve().parent.name)
+    if not isinstance(model_type, str):
+        raise cfg.error("model_type", f"expected a string, got {model_type!r}")
+    name = name or file.resolve().parent.name
+    if isinstance(data.get("text_config"), dict):
+        return _multimodal(cfg, model_type, name)
+    reader = _READERS.get(model_type)
+    if reader is not None:
+        return reader(cfg, name)
+    return _by_traits(cfg, model_type, name, supported)
+
+
+class AssumptionWarning(UserWarning):
+    """A config was read, but part of what dsgen needed was assumed rather than read."""
+
+
+_REQUIRED_TRAITS = (_HIDDEN_KEYS, _LAYERS_KEYS, _HEADS_KEYS, ("intermediate_size", "ffn_hidden_size"), ("vocab_size",))
+
+
+def _by_traits(cfg: _Config, model_type: str, name: str, supported: str) -> ModelShape:
+    """An unknown model_type whose keys are those of a decoder: read it as a llama-layout decoder,
+    saying what was assumed; without them, name the first key it lacks."""
+    for keys in _REQUIRED_TRAITS:
+        if all(cfg.data.get(k) is None for k in keys):
+            raise cfg.error(
+                keys[0],
+                f"missing: model_type {model_type!r} is not one dsgen knows, and a decoder cannot be read without it",
+                hint=f"supported model types: {supported}; or describe the model with model.architecture",
+            )
+    shape = _decoder(model_type, cfg, name)
+    warnings.warn(
+        f"{cfg.file}: model_type {model_type!r} is not one dsgen knows; read from its keys assuming {_ASSUMPTIONS}",
+        AssumptionWarning,
+        stacklevel=3,
+    )
+    return shape
+
+
+def _multimodal(cfg: _Config, model_type: str, name: str) -> ModelShape:
+    """A checkpoint whose language model is described by ``text_config`` (Gemma 3, Llama 4,
+    Qwen3-VL): the language model is read by its traits, the rest of the model (vision tower,
+    projector) is counted from ``vision_config`` by :mod:`dsgen.catalog.vision`, so the parameter
+    count (and the model states) are the whole model's while the activation model describes the
+    language model, which the warning says."""
+    from dsgen.catalog.vision import non_text_parameters
+
+    text_data = dict(cfg.data["text_config"])
+    text_type = text_data.get("model_type") or f"{model_type}_text"
+    if "tie_word_embeddings" in cfg.data and "tie_word_embeddings" not in text_data:
+        text_data["tie_word_embeddings"] = cfg.data["tie_word_embeddings"]
+    text_cfg = _Config(text_data, cfg.text, cfg.file)
+    reader = _READERS.get(text_type)
+    shape = (
+        reader(text_cfg, name) if reader else _by_traits(text_cfg, text_type, name, ", ".join(SUPPORTED_MODEL_TYPES))
+    )
+    vision = non_text_parameters(cfg, model_type, shape)
+    warnings.warn(
+        f"{cfg.file}: {model_type} is multimodal: the parameter count includes its vision tower and projector "
+        f"({vision:,} parameters); activations are those of the language model ({text_type}) on text",
+        AssumptionWarning,
+        stacklevel=3,
+    )
+    return replace(shape, non_text_parameters=vision)

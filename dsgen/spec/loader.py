@@ -201,7 +201,9 @@ class _SpecBuilder:
             from dsgen.catalog.hf_config import shape_from_hf_config
 
             config_file = self.base_dir / block["hf_config"]
-            if not config_file.is_file():
+            if not (
+                config_file / "config.json" if config_file.is_dir() else config_file
+            ).is_file():  # a file or a model folder
                 raise self.fail(("model", "hf_config"), f"file not found: {config_file}")
             shape = shape_from_hf_config(config_file, name=name)
         else:

@@ -1,0 +1,335 @@
+"""Today's decoders (issue 17): every supported model_type, read from a ``config.json`` that
+``transformers`` itself writes (its class defaults, and a small variant that switches the traits
+on and off), has exactly the parameter count of the model transformers builds from it on the meta
+device, the same largest layer and the same largest module. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import require_module
+
+from dsgen.catalog.hf_config import SUPPORTED_MODEL_TYPES, AssumptionWarning, shape_from_hf_config
+from dsgen.catalog.model_shape import ModelShape
+from dsgen.errors import DsgenError
+
+MODERN = (
+    "qwen3",
+    "qwen3_moe",
+    "qwen2_moe",
+    "gemma3_text",
+    "llama4_text",
+    "deepseek_v2",
+    "deepseek_v3",
+    "gpt_oss",
+    "glm4_moe",
+    "olmo2",
+    "olmo3",
+    "smollm3",
+    "granite",
+    "starcoder2",
+    "cohere2",
+    "falcon",
+    "olmoe",
+    "internlm3",
+    "seed_oss",
+    "ernie4_5",
+)
+_SMALL = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 8, "vocab_size": 1000}
+_SMALL_MOE = {"num_experts_per_tok": 2, "moe_intermediate_size": 96}
+# A size variant per model_type that also flips its optional traits (biases, q/k norms, dense
+# leading layers, shared experts, no q LoRA, sliding-window layer patterns ...).
+VARIANTS: dict[str, dict[str, Any]] = {
+    "qwen3": {**_SMALL, "num_key_value_heads": 2, "head_dim": 64, "intermediate_size": 512, "attention_bias": True},
+    "qwen3_moe": {
+        **_SMALL,
+        **_SMALL_MOE,
+        "num_key_value_heads": 4,
+        "intermediate_size": 512,
+        "num_experts": 8,
+        "decoder_sparse_step": 2,
+        "mlp_only_layers": [3],
+        "tie_word_embeddings": True,
+    },
+    "qwen2_moe": {
+        **_SMALL,
+        **_SMALL_MOE,
+        "intermediate_size": 512,
+        "num_key_value_heads": 4,
+        "num_experts": 6,
+        "shared_expert_intermediate_size": 384,
+        "mlp_only_layers": [0],
+        "qkv_bias": False,
+    },
+    "gemma3_text": {
+        **_SMALL,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "intermediate_size": 512,
+        "attention_bias": True,
+    },
+    "llama4_text": {
+        **_SMALL,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "intermediate_size": 128,
+        "intermediate_size_mlp": 512,
+        "num_local_experts": 4,
+        "interleave_moe_layer_step": 2,
+    },
+    "deepseek_v2": {
+        **_SMALL,
+        **_SMALL_MOE,
+        "intermediate_size": 512,
+        "n_routed_experts": 8,
+        "n_shared_experts": 2,
+        "first_k_dense_replace": 1,
+        "q_lora_rank": None,
+        "kv_lora_rank": 64,
+        "qk_nope_head_dim": 32,
+        "qk_rope_head_dim": 16,
+        "v_head_dim": 32,
+        "mlp_bias": True,
+    },
+    "deepseek_v3": {
+        **_SMALL,
+        **_SMALL_MOE,
+        "intermediate_size": 512,
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 2,
+        "n_group": 2,
+        "topk_group": 1,
+        "q_lora_rank": 96,
+        "kv_lora_rank": 64,
+        "qk_nope_head_dim": 32,
+        "qk_rope_head_dim": 16,
+        "v_head_dim": 24,
+        "attention_bias": True,
+    },
+    "gpt_oss": {
+        **_SMALL,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "intermediate_size": 128,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+    },
+    "glm4_moe": {
+        **_SMALL,
+        **_SMALL_MOE,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "intermediate_size": 512,
+        "n_routed_experts": 8,
+        "n_shared_experts": 2,
+        "first_k_dense_replace": 2,
+        "use_qk_norm": True,
+        "attention_bias": True,
+    },
+    "olmo2": {**_SMALL, "num_key_value_heads": 4, "intermediate_size": 512, "attention_bias": True},
+    "olmo3": {
+        **_SMALL,
+        "num_key_value_heads": 2,
+        "intermediate_size": 512,
+        "sliding_window": 64,
+        "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+    },
+    "smollm3": {
+        **_SMALL,
+        "pad_token_id": None,
+        "num_key_value_heads": 2,
+        "intermediate_size": 512,
+        "mlp_bias": True,
+        "attention_bias": True,
+    },
+    "granite": {**_SMALL, "num_key_value_heads": 2, "intermediate_size": 512, "attention_bias": True},
+    "starcoder2": {**_SMALL, "num_key_value_heads": 2, "intermediate_size": 1024, "use_bias": False},
+    "cohere2": {**_SMALL, "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 512, "attention_bias": True},
+    "falcon": {**_SMALL, "new_decoder_architecture": True, "num_kv_heads": 2, "bias": True, "ffn_hidden_size": 640},
+    "olmoe": {**_SMALL, "num_key_value_heads": 4, "intermediate_size": 96, "num_experts": 8, "num_experts_per_tok": 2},
+    "internlm3": {
+        **_SMALL,
+        "num_key_value_heads": 2,
+        "head_dim": 48,
+        "intermediate_size": 512,
+        "qkv_bias": True,
+        "bias": True,
+    },
+    "seed_oss": {
+        **_SMALL,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "intermediate_size": 512,
+        "attention_out_bias": True,
+        "mlp_bias": True,
+    },
+    "ernie4_5": {**_SMALL, "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 512, "use_bias": True},
+}
+# DeepseekV2Config leaves num_experts_per_tok null (the model cannot route without it); the released
+# DeepSeek-V2 configs set 6.
+_DEFAULT_OVERRIDES: dict[str, dict[str, Any]] = {"deepseek_v2": {"num_experts_per_tok": 6}}
+
+
+def _transformers_config(model_type: str, overrides: dict[str, Any]) -> Any:
+    transformers = require_module("transformers")
+    transformers.logging.set_verbosity_error()
+    return transformers.CONFIG_MAPPING[model_type](**overrides)
+
+
+def _write(config: Any, directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(config.to_json_string(), encoding="utf-8")
+    return directory
+
+
+def _built(directory: Path) -> tuple[int, int, int]:
+    """(parameters, largest module's own parameters, largest layer) of the model transformers builds."""
+    torch = require_module("torch")
+    transformers = require_module("transformers")
+    config = transformers.AutoConfig.from_pretrained(str(directory))
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    total = sum(p.numel() for p in model.parameters())
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+    stack = next(
+        m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == config.num_hidden_layers
+    )
+    layer = max(sum(p.numel() for p in layer.parameters()) for layer in stack)
+    return total, largest, layer
+
+
+def _counts(shape: ModelShape) -> tuple[int, int, int]:
+    return shape.parameter_count(), shape.largest_module_parameters(), shape.layer_parameters()
+
+
+def test_every_listed_model_type_is_supported() -> None:
+    assert set(MODERN) <= set(SUPPORTED_MODEL_TYPES)
+    assert set(VARIANTS) == set(MODERN)
+
+
+@pytest.mark.parametrize("model_type", MODERN)
+def test_transformers_defaults_count_exactly(model_type: str, tmp_path: Path) -> None:
+    directory = _write(_transformers_config(model_type, _DEFAULT_OVERRIDES.get(model_type, {})), tmp_path / model_type)
+    assert _counts(shape_from_hf_config(directory)) == _built(directory)
+
+
+@pytest.mark.parametrize("model_type", MODERN)
+def test_size_variant_counts_exactly(model_type: str, tmp_path: Path) -> None:
+    directory = _write(_transformers_config(model_type, VARIANTS[model_type]), tmp_path / model_type)
+    shape = shape_from_hf_config(directory)
+    assert _counts(shape) == _built(directory)
+    assert shape.num_layers == 4 and shape.hidden_size == 256
+
+
+def test_traits_read_from_the_keys(tmp_path: Path) -> None:
+    def read(model_type: str) -> ModelShape:
+        return shape_from_hf_config(
+            _write(_transformers_config(model_type, VARIANTS[model_type]), tmp_path / model_type)
+        )
+
+    qwen3_moe = read("qwen3_moe")  # sparse step 2: layers 1 and 3, but 3 is mlp-only
+    assert (qwen3_moe.num_experts, qwen3_moe.moe_layers, qwen3_moe.dense_layers) == (8, 1, 3)
+    assert qwen3_moe.qk_norm == "head"
+    v3 = read("deepseek_v3")
+    assert (v3.is_mla, v3.q_lora_rank, v3.kv_lora_rank, v3.dense_layers, v3.shared_expert_intermediate_size) == (
+        True,
+        96,
+        64,
+        2,
+        96,
+    )
+    assert read("gpt_oss").attention_sinks and read("gpt_oss").sliding_window_layers == 2
+    assert read("olmo3").sliding_window_layers == 3
+    assert read("olmo2").qk_norm == "full"
+    assert read("cohere2").parallel_block and not read("cohere2").norm_bias
+    assert read("llama4_text").moe_layers == 2
+
+
+def test_active_parameters_count_only_routed_experts(tmp_path: Path) -> None:
+    """Active parameters: everything but the routed experts a token does not use."""
+    shape = shape_from_hf_config(_write(_transformers_config("qwen3_moe", VARIANTS["qwen3_moe"]), tmp_path / "m"))
+    unused = shape.moe_layers * (shape.num_experts - shape.experts_per_token) * shape.expert_mlp_parameters()
+    assert shape.parameter_count() - shape.active_parameter_count() == unused
+    assert shape.expert_mlp_parameters() == 3 * 256 * 96
+
+
+def test_unknown_model_type_is_read_by_traits_with_a_warning(tmp_path: Path) -> None:
+    """A model_type dsgen has never seen, with llama keys: read as a llama decoder, saying so; the
+    count is that of transformers' llama built from the same numbers."""
+    llama = _transformers_config("llama", {**_SMALL, "num_key_value_heads": 2, "intermediate_size": 512})
+    data = llama.to_dict()
+    _write(llama, tmp_path / "llama")
+    mystery = tmp_path / "mystery"
+    mystery.mkdir()
+    import json
+
+    (mystery / "config.json").write_text(json.dumps({**data, "model_type": "my_new_decoder"}), encoding="utf-8")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        shape = shape_from_hf_config(mystery)
+    messages = [str(w.message) for w in caught if issubclass(w.category, AssumptionWarning)]
+    assert len(messages) == 1 and "'my_new_decoder'" in messages[0] and "SwiGLU" in messages[0]
+    assert _counts(shape) == _built(tmp_path / "llama")
+
+
+def test_unreadable_model_type_names_the_key(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "my_encoder", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}',
+        encoding="utf-8",
+    )
+    with pytest.raises(DsgenError) as info:
+        shape_from_hf_config(tmp_path)
+    assert info.value.path == "intermediate_size"
+    assert "'my_encoder'" in info.value.message
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {
+            "text_config": {"hidden_size": 640, "num_hidden_layers": 2, "intermediate_size": 1024, "vocab_size": 1000},
+            "vision_config": {
+                "hidden_size": 128,
+                "intermediate_size": 256,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 2,
+            },
+        },
+    ],
+    ids=["defaults", "small"],
+)
+def test_multimodal_counts_the_whole_model(overrides: dict[str, Any], tmp_path: Path) -> None:
+    """Gemma 3 with its SigLIP tower: the count is the whole model's; the warning says the
+    activations are the language model's."""
+    torch = require_module("torch")
+    transformers = require_module("transformers")
+    directory = _write(_transformers_config("gemma3", overrides), tmp_path / "gemma3")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        shape = shape_from_hf_config(directory)
+    with torch.device("meta"):
+        model = transformers.AutoModelForImageTextToText.from_config(transformers.AutoConfig.from_pretrained(directory))
+    assert shape.parameter_count() == sum(p.numel() for p in model.parameters())
+    language = sum(p.numel() for p in model.model.language_model.parameters())
+    assert shape.text_parameter_count() == language + (
+        0 if shape.tie_word_embeddings else shape.vocab_size * shape.hidden_size
+    )
+    assert any("activations are those of the language model" in str(w.message) for w in caught)
+
+
+def test_unknown_vision_tower_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "my_vlm", "text_config": {"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2,'
+        ' "num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 100}, "vision_config": {}}',
+        encoding="utf-8",
+    )
+    with pytest.raises(DsgenError) as info:
+        shape_from_hf_config(tmp_path)
+    assert info.value.path == "vision_config" and "'my_vlm'" in info.value.message
