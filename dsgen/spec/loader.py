@@ -30,6 +30,16 @@ from dsgen.spec.types import (
 )
 from dsgen.spec.yaml_source import SourceMap, format_path, load_yaml, read_source
 
+_ARCHITECTURE_TRAITS = (
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "dense_layers",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+)
 # Layout defaults per family for inline ``architecture`` blocks (what each family's HF code builds).
 _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {},
@@ -245,6 +255,13 @@ class _SpecBuilder:
             )
         max_positions = arch.get("max_position_embeddings", 4096)
         learned = defaults.pop("learned_positions", False)
+        # MoE and multi-head latent attention traits (issue 17): passed through as ModelShape fields
+        traits = {k: arch[k] for k in _ARCHITECTURE_TRAITS if k in arch}
+        if "kv_lora_rank" in traits:  # MLA: every head has its own key and value
+            for key in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+                if key not in traits:
+                    raise self.fail((*base, key), "missing: multi-head latent attention (kv_lora_rank) needs it")
+            head_dim, kv_heads = traits.get("qk_nope_head_dim", 0) + traits.get("qk_rope_head_dim", 0), heads
         return ModelShape(
             name=name,
             family=family,
@@ -265,6 +282,7 @@ class _SpecBuilder:
             experts_per_token=per_token,
             max_position_embeddings=max_positions,
             **defaults,
+            **traits,
         )
 
     # ---- hardware ------------------------------------------------------------------------
