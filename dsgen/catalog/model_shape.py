@@ -83,6 +83,20 @@ FAMILIES: tuple[str, ...] = typing.get_args(Family)
 # the largest-module size; the parameter totals are the same as with separate projections).
 _FUSED_QKV = frozenset({"gpt2", "gpt_neox", "phi3", "falcon"})
 _FUSED_GATE_UP = frozenset({"phi3"})
+# The transformers class of each MoE family's sparse block: under ZeRO-3 it must be a leaf module
+# (deepspeed.utils.set_z3_leaf_modules), or ranks whose tokens route to different experts fetch
+# different parameters and hang (DeepSpeed's MoE/ZeRO-3 guidance; the plan's instructions say so).
+MOE_BLOCK_CLASSES: dict[str, str] = {
+    "mixtral": "MixtralSparseMoeBlock",
+    "qwen3_moe": "Qwen3MoeSparseMoeBlock",
+    "qwen2_moe": "Qwen2MoeSparseMoeBlock",
+    "olmoe": "OlmoeSparseMoeBlock",
+    "deepseek_v2": "DeepseekV2Moe",
+    "deepseek_v3": "DeepseekV3MoE",
+    "gpt_oss": "GptOssMLP",
+    "glm4_moe": "Glm4MoeMoE",
+    "llama4_text": "Llama4TextMoe",
+}
 
 
 @dataclass(frozen=True)
@@ -173,6 +187,13 @@ class ModelShape:
     def attention_out_size(self) -> int:
         """Input width of the output projection: heads x v_head_dim for MLA, q_size otherwise."""
         return self.num_attention_heads * self.v_head_dim if self.is_mla else self.q_size
+
+    @property
+    def attention_score_width(self) -> int:
+        """Mean of the q·k and probs·v widths per token (heads x head dims): the width the
+        ``12·L·s·width`` attention FLOPs term uses. MLA's q/k heads (nope + rope) are wider than
+        its v heads; for every other attention both are q_size."""
+        return (self.q_size + self.attention_out_size) // 2
 
     @property
     def gated_mlp(self) -> bool:
@@ -307,13 +328,9 @@ class ModelShape:
 
     @_memoized
     def active_parameter_count(self) -> int:
-        """Parameters touched per token: all of them for dense models, routed experts only for MoE."""
-        return (
-            self.embedding_parameters()
-            + self.layers_parameters(active_only=True)
-            + self.head_parameters()
-            + self.non_text_parameters
-        )
+        """Parameters a text token goes through: all of the language model's for dense models, the
+        routed experts it is sent to (plus router and shared experts) for MoE; a vision tower never."""
+        return self.embedding_parameters() + self.layers_parameters(active_only=True) + self.head_parameters()
 
     @_memoized
     def largest_module_parameters(self) -> int:
