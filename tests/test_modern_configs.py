@@ -6,6 +6,7 @@ device, the same largest layer and the same largest module. Nothing is downloade
 
 from __future__ import annotations
 
+import math
 import warnings
 from pathlib import Path
 from typing import Any
@@ -225,6 +226,20 @@ def test_size_variant_counts_exactly(model_type: str, tmp_path: Path) -> None:
     shape = shape_from_hf_config(directory)
     assert _counts(shape) == _built(directory)
     assert shape.num_layers == 4 and shape.hidden_size == 256
+
+
+@pytest.mark.parametrize("model_type", MODERN)
+def test_parameter_tensors_are_those_transformers_builds(model_type: str, tmp_path: Path) -> None:
+    """ZeRO-3 partitions (and keeps persistent) each tensor on its own: the tensor sizes, not just
+    their sum, must be transformers'."""
+    torch = require_module("torch")
+    transformers = require_module("transformers")
+    directory = _write(_transformers_config(model_type, VARIANTS[model_type]), tmp_path / model_type)
+    shape = shape_from_hf_config(directory)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(directory))
+    built = sorted(p.numel() for p in model.parameters())
+    assert sorted(math.prod(s) for s in shape.parameter_shapes()) == built
 
 
 def test_traits_read_from_the_keys(tmp_path: Path) -> None:

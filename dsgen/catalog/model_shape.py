@@ -83,6 +83,9 @@ FAMILIES: tuple[str, ...] = typing.get_args(Family)
 # the largest-module size; the parameter totals are the same as with separate projections).
 _FUSED_QKV = frozenset({"gpt2", "gpt_neox", "phi3", "falcon"})
 _FUSED_GATE_UP = frozenset({"phi3"})
+# The families of today's decoders (issue 17), described by the trait fields alone: their tensor
+# layout (ModelShape.parameter_shapes) and activations (estimate.activations) follow the traits.
+TRAIT_FAMILIES: frozenset[str] = frozenset(FAMILIES[FAMILIES.index("qwen3") :])
 # The transformers class of each MoE family's sparse block: under ZeRO-3 it must be a leaf module
 # (deepspeed.utils.set_z3_leaf_modules), or ranks whose tokens route to different experts fetch
 # different parameters and hang (DeepSpeed's MoE/ZeRO-3 guidance; the plan's instructions say so).
@@ -373,6 +376,73 @@ class ModelShape:
         if self.pooler:
             candidates.append(h * h + h)
         return max(candidates)
+
+    def parameter_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """Shapes of the parameter tensors, in the registration order of transformers' llama-style
+        decoder layer (attention, its q/k norms and sinks, then the MLP or MoE block - router,
+        stacked experts, shared expert - then the norms), for the trait families. ZeRO-3
+        partitions and keeps persistent each tensor on its own, so the sizes are what matter."""
+        h, nh = self.hidden_size, self.num_attention_heads
+
+        def linear(fan_in: int, fan_out: int, bias: bool) -> list[tuple[int, ...]]:
+            return [(fan_out, fan_in), (fan_out,)] if bias else [(fan_out, fan_in)]
+
+        norm: list[tuple[int, ...]] = [(h,), (h,)] if self.norm == "layernorm" and self.norm_bias else [(h,)]
+        ab, aob = self.attention_bias, self.attention_out_bias
+        if self.is_mla:
+            q_head = self.qk_nope_head_dim + self.qk_rope_head_dim
+            r_q, r_kv = self.q_lora_rank, self.kv_lora_rank
+            q = (
+                [*linear(h, r_q, ab), (r_q,), *linear(r_q, nh * q_head, False)]
+                if r_q
+                else linear(h, nh * q_head, False)
+            )
+            attention = [
+                *q,
+                *linear(h, r_kv + self.qk_rope_head_dim, ab),
+                (r_kv,),
+                *linear(r_kv, nh * (self.qk_nope_head_dim + self.v_head_dim), False),
+                *linear(nh * self.v_head_dim, h, aob),
+            ]
+        elif self.family in _FUSED_QKV:
+            attention = [*linear(h, self.q_size + 2 * self.kv_size, ab), *linear(self.q_size, h, aob)]
+        else:
+            attention = [
+                *linear(h, self.q_size, ab),
+                *linear(h, self.kv_size, ab),
+                *linear(h, self.kv_size, ab),
+                *linear(self.q_size, h, aob),
+            ]
+        if self.qk_norm == "head":
+            attention += [(self.head_dim,), (self.head_dim,)]
+        elif self.qk_norm == "full":
+            attention += [(self.q_size,), (self.kv_size,)]
+        if self.attention_sinks:
+            attention.append((nh,))
+
+        def mlp(width: int, bias: bool) -> list[tuple[int, ...]]:
+            up = linear(h, width, bias) * (2 if self.gated_mlp else 1)
+            return [*up, *linear(width, h, bias)]
+
+        dense = mlp(self.intermediate_size, self.mlp_bias)
+        e, f = self.num_experts, self.expert_intermediate_size
+        up_width = 2 * f if self.gated_mlp else f
+        moe: list[tuple[int, ...]] = [(e, h), *([(e,)] if self.router_bias else [])]
+        moe += [(e, up_width, h), *([(e, up_width)] if self.expert_bias else [])]
+        moe += [(e, h, f), *([(e, h)] if self.expert_bias else [])]
+        if self.shared_expert_intermediate_size:
+            moe += mlp(self.shared_expert_intermediate_size, self.mlp_bias)
+        if self.shared_expert_gate:
+            moe.append((1, h))
+        layer_norms = norm * self.norms_per_layer
+        tensors: list[tuple[int, ...]] = [(self.vocab_size, h)]
+        dense_count = self.dense_layers if self.is_moe else self.num_layers
+        tensors += [*attention, *dense, *layer_norms] * dense_count
+        tensors += [*attention, *moe, *layer_norms] * self.moe_layers
+        tensors += norm
+        if not self.tie_word_embeddings:
+            tensors.append((self.vocab_size, h))
+        return tuple(tensors)
 
     @_memoized
     def largest_gathered_parameters(self) -> int:
