@@ -20,7 +20,7 @@ from dsgen.spec.loader import load_spec_text
 from tests.conftest import REPO_ROOT, require_module
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))
-import model_state_accuracy as bench  # noqa: E402
+import model_state_accuracy as bench
 
 TOLERANCE = 0.02  # the model-state bench's target
 
