@@ -241,6 +241,8 @@ _POST_NORM = frozenset({"olmo2", "olmo3"})
 # MoE routers (the tensors before the experts, per token): deepseek_v3 and glm4_moe score in fp32 on
 # an fp32 copy of the input with a sigmoid, gather the top-k scores and renormalise them, and weight
 # each routed copy in fp32; the Qwen/OLMoE blocks take an fp32 softmax and weight in the compute dtype.
+# Families with a second rotary table (other base) for their sliding-window layers.
+_LOCAL_ROPE = frozenset({"gemma3_text", "olmo3"})
 _SIGMOID_ROUTER = frozenset({"deepseek_v3", "deepseek_v2", "glm4_moe"})
 MODERN_FAMILIES = frozenset(
     {
@@ -370,11 +372,17 @@ def _modern(
     return norms + attn_lin + mlp, attn_quad
 
 
+def _sliding_mask(shape: ModelShape, s: int) -> bool:
+    """Whether sdpa's sliding-window layers get an explicit mask: only when the sequence is longer
+    than the window (shorter, the window is the causal mask and transformers skips it)."""
+    return bool(shape.sliding_window_layers) and s > shape.sliding_window and not shape.is_mla
+
+
 def _sliding_sdpa_extra(shape: ModelShape, e: int, attention: str, b: int, s: int, selective: bool) -> int:
     """sdpa on a sliding-window layer longer than its window gets an explicit mask: transformers
     then repeats k and v to every head (no native GQA with a mask) and the kernel saves the mask as
     a (b, 1, s, s) tensor of the compute dtype, one per layer. Bytes for the whole micro-batch."""
-    if attention != "sdpa" or not shape.sliding_window_layers or s <= shape.sliding_window or shape.is_mla:
+    if attention != "sdpa" or not _sliding_mask(shape, s):
         return 0
     repeat = 2 * e * (shape.q_size - shape.kv_size) * b * s
     return shape.sliding_window_layers * (repeat + b * s * s * e)
@@ -529,10 +537,14 @@ def _outside_modern(
         per_position = 2 * FP32 * (shape.qk_rope_head_dim // 2)
     else:
         per_position = 2 * (FP32 if shape.family in _POST_NORM else e) * shape.head_dim
+        if shape.family in _LOCAL_ROPE and 0 < shape.sliding_window_layers < shape.num_layers:
+            per_position *= 2  # a second rotary table for the sliding-window layers
     total = tokens * per_token + s * per_position
     if checkpointing or selective:
         total += s * INT64
         if attention == "eager":
             masks = 2 if shape.sliding_window_layers and shape.sliding_window_layers < shape.num_layers else 1
             total += masks * b * s * s * e
+        elif attention == "sdpa" and _sliding_mask(shape, s):
+            total += s * s  # the sliding layers' boolean mask, (1, 1, s, s) for any batch (full layers run is_causal)
     return total
