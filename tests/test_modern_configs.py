@@ -348,3 +348,345 @@ def test_unknown_vision_tower_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(DsgenError) as info:
         shape_from_hf_config(tmp_path)
     assert info.value.path == "vision_config" and "'my_vlm'" in info.value.message
+
+
+# ---- presets of today's models: their published config.json numbers -------------------------------
+# (model_type and the architecture keys of each published config.json; the count is the preset's
+# published_parameters, checked here against transformers' own model)
+_QWEN3 = dict(model_type="qwen3", vocab_size=151936, head_dim=128, max_position_embeddings=40960)
+PRESET_CONFIGS = {
+    "qwen3-0.6b": (
+        dict(
+            _QWEN3,
+            hidden_size=1024,
+            num_hidden_layers=28,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            intermediate_size=3072,
+            tie_word_embeddings=True,
+        ),
+        596049920,
+    ),
+    "qwen3-1.7b": (
+        dict(
+            _QWEN3,
+            hidden_size=2048,
+            num_hidden_layers=28,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            intermediate_size=6144,
+            tie_word_embeddings=True,
+        ),
+        1720574976,
+    ),
+    "qwen3-4b": (
+        dict(
+            _QWEN3,
+            hidden_size=2560,
+            num_hidden_layers=36,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            intermediate_size=9728,
+            tie_word_embeddings=True,
+        ),
+        4022468096,
+    ),
+    "qwen3-8b": (
+        dict(
+            _QWEN3,
+            hidden_size=4096,
+            num_hidden_layers=36,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            intermediate_size=12288,
+            tie_word_embeddings=False,
+        ),
+        8190735360,
+    ),
+    "qwen3-14b": (
+        dict(
+            _QWEN3,
+            hidden_size=5120,
+            num_hidden_layers=40,
+            num_attention_heads=40,
+            num_key_value_heads=8,
+            intermediate_size=17408,
+            tie_word_embeddings=False,
+        ),
+        14768307200,
+    ),
+    "qwen3-32b": (
+        dict(
+            _QWEN3,
+            hidden_size=5120,
+            num_hidden_layers=64,
+            num_attention_heads=64,
+            num_key_value_heads=8,
+            intermediate_size=25600,
+            tie_word_embeddings=False,
+        ),
+        32762123264,
+    ),
+    "qwen3-30b-a3b": (
+        dict(
+            _QWEN3,
+            model_type="qwen3_moe",
+            hidden_size=2048,
+            num_hidden_layers=48,
+            num_attention_heads=32,
+            num_key_value_heads=4,
+            intermediate_size=6144,
+            moe_intermediate_size=768,
+            num_experts=128,
+            num_experts_per_tok=8,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            norm_topk_prob=True,
+            tie_word_embeddings=False,
+        ),
+        30532122624,
+    ),
+    "gemma-3-1b": (
+        dict(
+            model_type="gemma3_text",
+            hidden_size=1152,
+            num_hidden_layers=26,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=256,
+            intermediate_size=6912,
+            vocab_size=262144,
+            sliding_window=512,
+            sliding_window_pattern=6,
+            max_position_embeddings=32768,
+        ),
+        999885952,
+    ),
+    "gpt-oss-20b": (
+        dict(
+            model_type="gpt_oss",
+            hidden_size=2880,
+            num_hidden_layers=24,
+            num_attention_heads=64,
+            num_key_value_heads=8,
+            head_dim=64,
+            intermediate_size=2880,
+            num_local_experts=32,
+            num_experts_per_tok=4,
+            vocab_size=201088,
+            sliding_window=128,
+            layer_types=["sliding_attention", "full_attention"] * 12,
+            max_position_embeddings=131072,
+        ),
+        20914757184,
+    ),
+    "gpt-oss-120b": (
+        dict(
+            model_type="gpt_oss",
+            hidden_size=2880,
+            num_hidden_layers=36,
+            num_attention_heads=64,
+            num_key_value_heads=8,
+            head_dim=64,
+            intermediate_size=2880,
+            num_local_experts=128,
+            num_experts_per_tok=4,
+            vocab_size=201088,
+            sliding_window=128,
+            layer_types=["sliding_attention", "full_attention"] * 18,
+            max_position_embeddings=131072,
+        ),
+        116829156672,
+    ),
+    "deepseek-v3": (
+        dict(
+            model_type="deepseek_v3",
+            hidden_size=7168,
+            num_hidden_layers=61,
+            num_attention_heads=128,
+            num_key_value_heads=128,
+            intermediate_size=18432,
+            moe_intermediate_size=2048,
+            n_routed_experts=256,
+            num_experts_per_tok=8,
+            n_shared_experts=1,
+            first_k_dense_replace=3,
+            q_lora_rank=1536,
+            kv_lora_rank=512,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+            vocab_size=129280,
+            max_position_embeddings=163840,
+        ),
+        671026404352,
+    ),
+    "olmo-2-1b": (
+        dict(
+            model_type="olmo2",
+            hidden_size=2048,
+            num_hidden_layers=16,
+            num_attention_heads=16,
+            num_key_value_heads=16,
+            intermediate_size=8192,
+            vocab_size=100352,
+            max_position_embeddings=4096,
+        ),
+        1484916736,
+    ),
+    "olmo-2-7b": (
+        dict(
+            model_type="olmo2",
+            hidden_size=4096,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=32,
+            intermediate_size=11008,
+            vocab_size=100352,
+            max_position_embeddings=4096,
+        ),
+        7298617344,
+    ),
+    "olmo-2-13b": (
+        dict(
+            model_type="olmo2",
+            hidden_size=5120,
+            num_hidden_layers=40,
+            num_attention_heads=40,
+            num_key_value_heads=40,
+            intermediate_size=13824,
+            vocab_size=100352,
+            max_position_embeddings=4096,
+        ),
+        13716198400,
+    ),
+    "smollm3-3b": (
+        dict(
+            model_type="smollm3",
+            hidden_size=2048,
+            num_hidden_layers=36,
+            num_attention_heads=16,
+            num_key_value_heads=4,
+            intermediate_size=11008,
+            vocab_size=128256,
+            tie_word_embeddings=True,
+            max_position_embeddings=65536,
+        ),
+        3075098624,
+    ),
+    "mistral-small-24b": (
+        dict(
+            model_type="mistral",
+            hidden_size=5120,
+            num_hidden_layers=40,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            intermediate_size=32768,
+            vocab_size=131072,
+            max_position_embeddings=32768,
+        ),
+        23572403200,
+    ),
+    "phi-4": (
+        dict(
+            model_type="phi3",
+            hidden_size=5120,
+            num_hidden_layers=40,
+            num_attention_heads=40,
+            num_key_value_heads=10,
+            intermediate_size=17920,
+            vocab_size=100352,
+            max_position_embeddings=16384,
+        ),
+        14659507200,
+    ),
+}
+_GEMMA3 = dict(
+    model_type="gemma3",
+    vision_config=dict(
+        hidden_size=1152,
+        intermediate_size=4304,
+        num_hidden_layers=27,
+        num_attention_heads=16,
+        patch_size=14,
+        image_size=896,
+        vision_use_head=False,
+    ),
+)
+for name, text, count in [
+    (
+        "gemma-3-4b",
+        dict(
+            hidden_size=2560,
+            num_hidden_layers=34,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=256,
+            intermediate_size=10240,
+        ),
+        4300079472,
+    ),
+    (
+        "gemma-3-12b",
+        dict(
+            hidden_size=3840,
+            num_hidden_layers=48,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=256,
+            intermediate_size=15360,
+        ),
+        12187325040,
+    ),
+    (
+        "gemma-3-27b",
+        dict(
+            hidden_size=5376,
+            num_hidden_layers=62,
+            num_attention_heads=32,
+            num_key_value_heads=16,
+            head_dim=128,
+            intermediate_size=21504,
+        ),
+        27432406640,
+    ),
+]:
+    PRESET_CONFIGS[name] = (
+        dict(
+            _GEMMA3,
+            text_config=dict(
+                text,
+                model_type="gemma3_text",
+                vocab_size=262208,
+                sliding_window=1024,
+                sliding_window_pattern=6,
+                max_position_embeddings=131072,
+            ),
+        ),
+        count,
+    )
+
+
+@pytest.mark.parametrize("name", sorted(PRESET_CONFIGS))
+def test_preset_is_its_published_config_and_transformers_count(name: str, tmp_path: Path) -> None:
+    torch = require_module("torch")
+    transformers = require_module("transformers")
+    import json
+    from dataclasses import replace
+
+    from dsgen.catalog.presets import get_model, published_parameter_counts
+
+    config, published = PRESET_CONFIGS[name]
+    directory = tmp_path / name
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AssumptionWarning)
+        shape = shape_from_hf_config(directory)
+    assert shape == replace(get_model(name), name=name)
+    assert published_parameter_counts()[name] == published
+    auto = transformers.AutoModelForImageTextToText if "text_config" in config else transformers.AutoModelForCausalLM
+    with torch.device("meta"):
+        model = auto.from_config(transformers.AutoConfig.from_pretrained(directory))
+    assert sum(p.numel() for p in model.parameters()) == published
