@@ -442,6 +442,10 @@ class ModelShape:
         tensors += norm
         if not self.tie_word_embeddings:
             tensors.append((self.vocab_size, h))
+        if self.non_text_parameters:
+            # a multimodal checkpoint's vision tower, as one tensor: its own layout is not kept (ZeRO-3
+            # pads each of its tensors by < N elements and keeps its small ones whole: not modelled)
+            tensors.append((self.non_text_parameters,))
         return tuple(tensors)
 
     @_memoized
