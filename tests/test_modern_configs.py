@@ -304,12 +304,13 @@ def test_unreadable_model_type_names_the_key(tmp_path: Path) -> None:
     assert "'my_encoder'" in info.value.message
 
 
-@pytest.mark.parametrize(
-    "overrides",
-    [
-        {},
+_SMALL_TEXT = {"hidden_size": 256, "num_hidden_layers": 2, "intermediate_size": 512, "vocab_size": 1000}
+MULTIMODAL: dict[str, tuple[str, dict[str, Any]]] = {
+    "gemma3-defaults": ("gemma3", {}),
+    "gemma3-small": (
+        "gemma3",
         {
-            "text_config": {"hidden_size": 640, "num_hidden_layers": 2, "intermediate_size": 1024, "vocab_size": 1000},
+            "text_config": {**_SMALL_TEXT, "hidden_size": 640},
             "vision_config": {
                 "hidden_size": 128,
                 "intermediate_size": 256,
@@ -317,15 +318,33 @@ def test_unreadable_model_type_names_the_key(tmp_path: Path) -> None:
                 "num_attention_heads": 2,
             },
         },
-    ],
-    ids=["defaults", "small"],
-)
-def test_multimodal_counts_the_whole_model(overrides: dict[str, Any], tmp_path: Path) -> None:
-    """Gemma 3 with its SigLIP tower: the count is the whole model's; the warning says the
-    activations are the language model's."""
+    ),
+    "qwen3_vl-defaults": ("qwen3_vl", {}),
+    "qwen3_vl-small": (
+        "qwen3_vl",
+        {
+            "text_config": {**_SMALL_TEXT, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64},
+            "vision_config": {
+                "hidden_size": 128,
+                "intermediate_size": 256,
+                "depth": 3,
+                "num_heads": 2,
+                "out_hidden_size": 256,
+                "deepstack_visual_indexes": [1],
+            },
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MULTIMODAL))
+def test_multimodal_counts_the_whole_model(case: str, tmp_path: Path) -> None:
+    """Gemma 3 (SigLIP tower) and Qwen3-VL: the count is the whole model's, the language model's
+    part is the text model's; the warning says the activations are the language model's."""
     torch = require_module("torch")
     transformers = require_module("transformers")
-    directory = _write(_transformers_config("gemma3", overrides), tmp_path / "gemma3")
+    model_type, overrides = MULTIMODAL[case]
+    directory = _write(_transformers_config(model_type, overrides), tmp_path / case)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         shape = shape_from_hf_config(directory)
@@ -333,9 +352,8 @@ def test_multimodal_counts_the_whole_model(overrides: dict[str, Any], tmp_path: 
         model = transformers.AutoModelForImageTextToText.from_config(transformers.AutoConfig.from_pretrained(directory))
     assert shape.parameter_count() == sum(p.numel() for p in model.parameters())
     language = sum(p.numel() for p in model.model.language_model.parameters())
-    assert shape.text_parameter_count() == language + (
-        0 if shape.tie_word_embeddings else shape.vocab_size * shape.hidden_size
-    )
+    untied_head = 0 if shape.tie_word_embeddings else shape.vocab_size * shape.hidden_size
+    assert shape.text_parameter_count() == language + untied_head
     assert any("activations are those of the language model" in str(w.message) for w in caught)
 
 

@@ -48,6 +48,29 @@ def _gemma3(cfg: _Config, text: ModelShape) -> int:
     return _siglip(v, cfg) + hv * text.hidden_size + hv
 
 
+def _qwen3_vl(cfg: _Config, text: ModelShape) -> int:
+    """Qwen3VLVisionModel (qwen3_vl/modeling_qwen3_vl.py): Conv3d patch embedding with bias, a
+    learned position table, ``depth`` pre-LayerNorm blocks (fused qkv and proj with biases, fc1/fc2
+    with biases), the patch merger (LayerNorm over the hidden size, then two linears on the
+    ``spatial_merge_size²``-merged width) and one post-shuffle merger per deepstack layer."""
+    v = dict(cfg.data.get("vision_config") or {})
+    h = _int(v, "hidden_size", 1152, cfg)
+    f = _int(v, "intermediate_size", 4304, cfg)
+    depth = _int(v, "depth", 27, cfg)
+    patch, temporal = _int(v, "patch_size", 16, cfg), _int(v, "temporal_patch_size", 2, cfg)
+    channels = _int(v, "in_channels", 3, cfg)
+    merged = h * _int(v, "spatial_merge_size", 2, cfg) ** 2
+    out = _int(v, "out_hidden_size", 3584, cfg)
+    deepstack = v.get("deepstack_visual_indexes", [8, 16, 24])
+    if not isinstance(deepstack, list):
+        raise cfg.error("vision_config", f"vision_config.deepstack_visual_indexes: expected a list, got {deepstack!r}")
+    block = 2 * 2 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h)
+    merger_linears = (merged * merged + merged) + (merged * out + out)
+    params = channels * temporal * patch * patch * h + h + _int(v, "num_position_embeddings", 2304, cfg) * h
+    params += depth * block + (2 * h + merger_linears) + len(deepstack) * (2 * merged + merger_linears)
+    return params
+
+
 def _int(v: dict[str, Any], key: str, default: int, cfg: _Config) -> int:
     value = v.get(key, default)
     if type(value) is not int or value < 1:
@@ -55,7 +78,7 @@ def _int(v: dict[str, Any], key: str, default: int, cfg: _Config) -> int:
     return value
 
 
-_TOWERS = {"gemma3": _gemma3}
+_TOWERS = {"gemma3": _gemma3, "qwen3_vl": _qwen3_vl}
 
 
 def non_text_parameters(cfg: _Config, model_type: str, text: ModelShape) -> int:
