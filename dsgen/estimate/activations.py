@@ -384,7 +384,8 @@ def _sliding_sdpa_extra(shape: ModelShape, e: int, attention: str, b: int, s: in
     a (b, 1, s, s) tensor of the compute dtype, one per layer. Bytes for the whole micro-batch."""
     if attention != "sdpa" or not _sliding_mask(shape, s):
         return 0
-    repeat = 2 * e * (shape.q_size - shape.kv_size) * b * s
+    # repeat_kv of a single kv head is an expand + reshape that stays a view: nothing is copied
+    repeat = 2 * e * (shape.q_size - shape.kv_size) * b * s if shape.num_key_value_heads > 1 else 0
     return shape.sliding_window_layers * (repeat + b * s * s * e)
 
 
