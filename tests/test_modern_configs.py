@@ -320,6 +320,32 @@ MULTIMODAL: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
     "qwen3_vl-defaults": ("qwen3_vl", {}),
+    "llama4-defaults": ("llama4", {}),
+    "llama4-small": (
+        "llama4",
+        {
+            "text_config": {
+                **_SMALL_TEXT,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "head_dim": 64,
+                "intermediate_size": 128,
+                "intermediate_size_mlp": 512,
+                "num_local_experts": 4,
+                "interleave_moe_layer_step": 2,
+            },
+            "vision_config": {
+                "hidden_size": 128,
+                "intermediate_size": 256,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 2,
+                "vision_output_dim": 256,
+                "projector_input_dim": 256,
+                "projector_output_dim": 256,
+                "image_size": 112,
+            },
+        },
+    ),
     "qwen3_vl-small": (
         "qwen3_vl",
         {
@@ -351,9 +377,10 @@ def test_multimodal_counts_the_whole_model(case: str, tmp_path: Path) -> None:
     with torch.device("meta"):
         model = transformers.AutoModelForImageTextToText.from_config(transformers.AutoConfig.from_pretrained(directory))
     assert shape.parameter_count() == sum(p.numel() for p in model.parameters())
-    language = sum(p.numel() for p in model.model.language_model.parameters())
-    untied_head = 0 if shape.tie_word_embeddings else shape.vocab_size * shape.hidden_size
-    assert shape.text_parameter_count() == language + untied_head
+    inner = model.model if hasattr(model, "model") else model  # Llama4ForConditionalGeneration has no .model
+    language = {id(p): p.numel() for p in inner.language_model.parameters()}
+    language.update({id(p): p.numel() for p in model.get_output_embeddings().parameters()})
+    assert shape.text_parameter_count() == sum(language.values())
     assert any("activations are those of the language model" in str(w.message) for w in caught)
 
 
@@ -684,6 +711,42 @@ for name, text, count in [
         ),
         count,
     )
+
+PRESET_CONFIGS["llama-4-scout"] = (
+    {
+        "model_type": "llama4",
+        "text_config": {
+            "model_type": "llama4_text",
+            "hidden_size": 5120,
+            "num_hidden_layers": 48,
+            "num_attention_heads": 40,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "intermediate_size": 8192,
+            "intermediate_size_mlp": 16384,
+            "num_local_experts": 16,
+            "num_experts_per_tok": 1,
+            "interleave_moe_layer_step": 1,
+            "vocab_size": 202048,
+            "max_position_embeddings": 10485760,
+            "tie_word_embeddings": False,
+            "attention_chunk_size": 8192,
+        },
+        "vision_config": {
+            "hidden_size": 1408,
+            "intermediate_size": 5632,
+            "num_hidden_layers": 34,
+            "num_attention_heads": 16,
+            "image_size": 336,
+            "patch_size": 14,
+            "projector_input_dim": 4096,
+            "projector_output_dim": 4096,
+            "vision_output_dim": 4096,
+            "pixel_shuffle_ratio": 0.5,
+        },
+    },
+    108641793536,
+)
 
 
 @pytest.mark.parametrize("name", sorted(PRESET_CONFIGS))

@@ -71,6 +71,25 @@ def _qwen3_vl(cfg: _Config, text: ModelShape) -> int:
     return params
 
 
+def _llama4(cfg: _Config, text: ModelShape) -> int:
+    """Llama4VisionModel (llama4/modeling_llama4.py): the unfold patch embedding's linear (no
+    bias), class embedding, learned positions for every patch plus the class token, pre and post
+    LayerNorms, encoder layers (q/k/v/o and fc1/fc2 with biases, two LayerNorms), the pixel-shuffle
+    MLP (``Llama4VisionMLP2``: fc1 intermediate -> projector_input_dim, fc2 projector_output_dim
+    square, no biases), and ``Llama4MultiModalProjector`` (vision_output_dim -> text hidden)."""
+    v = dict(cfg.data.get("vision_config") or {})
+    h = _int(v, "hidden_size", 768, cfg)
+    f = _int(v, "intermediate_size", 5632, cfg)
+    layers = _int(v, "num_hidden_layers", 34, cfg)
+    patch, image = _int(v, "patch_size", 14, cfg), _int(v, "image_size", 448, cfg)
+    channels = _int(v, "num_channels", 3, cfg)
+    p_in, p_out = _int(v, "projector_input_dim", 4096, cfg), _int(v, "projector_output_dim", 4096, cfg)
+    layer = 4 * (h * h + h) + (h * f + f) + (f * h + h) + 2 * 2 * h
+    params = channels * patch * patch * h + h + ((image // patch) ** 2 + 1) * h + 2 * 2 * h + layers * layer
+    params += f * p_in + p_out * p_out + _int(v, "vision_output_dim", 7680, cfg) * text.hidden_size
+    return params
+
+
 def _int(v: dict[str, Any], key: str, default: int, cfg: _Config) -> int:
     value = v.get(key, default)
     if type(value) is not int or value < 1:
@@ -78,7 +97,7 @@ def _int(v: dict[str, Any], key: str, default: int, cfg: _Config) -> int:
     return value
 
 
-_TOWERS = {"gemma3": _gemma3, "qwen3_vl": _qwen3_vl}
+_TOWERS = {"gemma3": _gemma3, "qwen3_vl": _qwen3_vl, "llama4": _llama4}
 
 
 def non_text_parameters(cfg: _Config, model_type: str, text: ModelShape) -> int:
