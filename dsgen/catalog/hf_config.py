@@ -380,7 +380,7 @@ def _decoder(model_type: str, cfg: _Config, name: str) -> ModelShape:
     mla = cfg.data.get("kv_lora_rank") is not None  # MLA: every head has its own k and v
     if heads % kv_heads and not mla:
         raise cfg.error("num_key_value_heads", f"{kv_heads} does not divide num_attention_heads ({heads})")
-    mla_fields: dict[str, int] = {}
+    mla_fields: dict[str, Any] = {}
     if mla:
         nope, rope = cfg.integer("qk_nope_head_dim"), cfg.integer("qk_rope_head_dim")
         head_dim, kv_heads = nope + rope, heads
