@@ -771,3 +771,21 @@ def test_preset_is_its_published_config_and_transformers_count(name: str, tmp_pa
     with torch.device("meta"):
         model = auto.from_config(transformers.AutoConfig.from_pretrained(directory))
     assert sum(p.numel() for p in model.parameters()) == published
+
+
+def test_a_spec_may_point_hf_config_at_a_model_folder(tmp_path: Path) -> None:
+    """``model.hf_config`` names a local snapshot folder holding config.json, as a user has it."""
+    from dsgen.spec.loader import load_spec_text
+
+    _write(_transformers_config("qwen3_moe", VARIANTS["qwen3_moe"]), tmp_path / "Qwen3-MoE-tiny")
+    spec_text = (
+        "model: {hf_config: Qwen3-MoE-tiny}\n"
+        "hardware: {gpu: h100-80gb, gpus_per_node: 8}\n"
+        "training: {sequence_length: 512, global_batch_size: 8}\n"
+    )
+    spec = load_spec_text(spec_text, file="<spec>", base_dir=tmp_path)
+    assert spec.model.name == "Qwen3-MoE-tiny" and spec.model.num_experts == 8
+    missing = spec_text.replace("Qwen3-MoE-tiny", "nowhere")
+    with pytest.raises(DsgenError) as info:
+        load_spec_text(missing, file="<spec>", base_dir=tmp_path)
+    assert "file not found" in info.value.message

@@ -372,6 +372,13 @@ def _modern(
     return norms + attn_lin + mlp, attn_quad
 
 
+def _has_modern_traits(shape: ModelShape) -> bool:
+    """An inline ``architecture`` of an older family with MLA or MoE fields the older formulas lack."""
+    return shape.is_mla or bool(
+        shape.moe_intermediate_size or shape.shared_expert_intermediate_size or shape.dense_layers
+    )
+
+
 def _sliding_mask(shape: ModelShape, s: int) -> bool:
     """Whether sdpa's sliding-window layers get an explicit mask: only when the sequence is longer
     than the window (shorter, the window is the causal mask and transformers skips it)."""
@@ -467,7 +474,7 @@ def estimate_activations(
     """
     b, s, e = micro_batch_size, sequence_length, dtype_bytes
     selective = selective and not checkpointing
-    if shape.family in MODERN_FAMILIES:
+    if shape.family in MODERN_FAMILIES or _has_modern_traits(shape):
         return _estimate_modern(shape, b, s, e, attention, checkpointing, selective)
     linear, quadratic = _per_layer(shape, e, attention, b)
     per_layer = b * s * (linear + quadratic * s)
