@@ -95,9 +95,30 @@ LLAMA_24M = {
     "rms_norm_eps": 1e-05,
     "tie_word_embeddings": False,
 }
+# A tiny Qwen3-MoE (issue 17): routed experts held by transformers as one stacked module per layer,
+# a dense layer (mlp_only_layers), q/k norms. Under ZeRO-3 its sparse blocks are set as leaf modules,
+# as the plan's instructions say (deepspeed.utils.set_z3_leaf_modules).
+QWEN3_MOE_TINY = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "hidden_size": 64,
+    "head_dim": 16,
+    "intermediate_size": 192,
+    "moe_intermediate_size": 48,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "mlp_only_layers": [0],
+    "vocab_size": 257,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": False,
+}
 MODELS: dict[str, dict[str, Any] | Path] = {
     "tiny-llama": REPO / "examples" / "tiny-llama" / "config.json",
     "llama-24m": LLAMA_24M,
+    "tiny-qwen3-moe": QWEN3_MOE_TINY,
 }
 
 
@@ -190,7 +211,7 @@ def prepare(config_json: Path, case: Case) -> dict[str, Any]:
     }
 
 
-def run_model(model: str, cases: list[Case], workdir: Path) -> list[dict[str, Any]]:
+def run_model(model: str, cases: list[Case], workdir: Path, steps: int = STEPS) -> list[dict[str, Any]]:
     """Prepare every case for one model, train them all in one torchrun launch, compare."""
     source = MODELS[model]
     if isinstance(source, Path):
@@ -201,9 +222,13 @@ def run_model(model: str, cases: list[Case], workdir: Path) -> list[dict[str, An
         config_json.write_text(json.dumps(source, indent=2))
     prepared = {case.name: prepare(config_json, case) for case in cases}
     job = {
+        "steps": steps,
         "hf_config": str(config_json),
         "out": str(workdir / f"{model}-results"),
-        "cases": [{"name": c.name, "config": prepared[c.name]["config"], "optimizer": c.optimizer} for c in cases],
+        "cases": [
+            {"name": c.name, "config": prepared[c.name]["config"], "optimizer": c.optimizer, "steps": steps}
+            for c in cases
+        ],
     }
     job_file = workdir / f"{model}-job.json"
     job_file.write_text(json.dumps(job))
@@ -237,6 +262,8 @@ def run_model(model: str, cases: list[Case], workdir: Path) -> list[dict[str, An
                 "note": prepared[case.name]["note"],
                 "seconds": max(r["seconds"] for r in per_rank),
                 "timing": per_rank[0]["timing"],
+                "z3_leaf_modules": per_rank[0].get("z3_leaf_modules", []),
+                "global_steps": per_rank[0].get("global_steps"),
             }
         )
     return rows
@@ -499,11 +526,26 @@ def run_case(case: dict[str, Any], hf_config: Path, rank: int) -> dict[str, Any]
     def build() -> Any:
         return transformers.AutoModelForCausalLM.from_config(model_config, dtype=torch.float32).train()
 
+    # Import the modeling module before zero.Init patches torch.Tensor.__new__ (see
+    # tests/ds_train_worker._import_model_classes): only Llama's was imported by earlier cases.
+    transformers.AutoModelForCausalLM._model_mapping[type(model_config)]
+
     if stage == 3:
         with deepspeed.zero.Init(config_dict_or_path=config):
             model = build()
     else:
         model = build()
+    leaves: list[str] = []
+    if stage == 3 and getattr(model_config, "num_experts", 0):
+        # What dsgen's plan tells the script to do for an MoE model under ZeRO-3.
+        from deepspeed.utils import get_z3_leaf_modules, set_z3_leaf_modules
+
+        from dsgen.catalog.model_shape import MOE_BLOCK_CLASSES
+
+        modeling = sys.modules[type(model).__module__]
+        set_z3_leaf_modules(model, [getattr(modeling, MOE_BLOCK_CLASSES[model_config.model_type])])
+        leaves = sorted({type(m).__name__ for m in get_z3_leaf_modules(model)})
+    steps = int(case.get("steps", STEPS))
     client = None
     if case.get("optimizer", "adamw") in CLIENT_OPTIMIZERS:  # the config has no optimizer block
         module_name, attribute = CLIENT_OPTIMIZERS[case["optimizer"]]
@@ -563,20 +605,20 @@ def run_case(case: dict[str, Any], hf_config: Path, rank: int) -> dict[str, Any]
     vocab = model_config.vocab_size
     gen = torch.Generator().manual_seed(1000 + rank)
     accumulation = engine.gradient_accumulation_steps()
-    for step in range(1, STEPS + 1):
+    for step in range(1, steps + 1):
         for micro in range(accumulation):
             ids = torch.randint(0, vocab, (engine.train_micro_batch_size_per_gpu(), SEQUENCE_LENGTH), generator=gen)
             t0 = time.monotonic()
             loss = engine(input_ids=ids, labels=ids).loss
             engine.backward(loss)
             timing["fwd_bwd"] = timing.get("fwd_bwd", 0.0) + time.monotonic() - t0
-            if step == STEPS and micro == accumulation - 1:
+            if step == steps and micro == accumulation - 1:
                 probe("backward")  # after backward at the accumulation boundary
             t0 = time.monotonic()
             engine.step()
             timing["step"] = timing.get("step", 0.0) + time.monotonic() - t0
-    if engine.global_steps != STEPS:
-        raise RuntimeError(f"engine took {engine.global_steps} optimizer steps, expected {STEPS}")
+    if engine.global_steps != steps:
+        raise RuntimeError(f"engine took {engine.global_steps} optimizer steps, expected {steps}")
     timing["total"] = time.monotonic() - started
     result = {
         "measured": peak,
@@ -584,6 +626,8 @@ def run_case(case: dict[str, Any], hf_config: Path, rank: int) -> dict[str, Any]
         "timing": timing,
         "optimizer": type(basic).__name__,
         "wrapper": type(opt).__name__,
+        "z3_leaf_modules": leaves,
+        "global_steps": engine.global_steps,
     }
     destroy = getattr(engine, "destroy", None)
     if callable(destroy):

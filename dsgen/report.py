@@ -273,6 +273,14 @@ def script_requirements(spec: Spec, plan: Plan) -> str:
         needs.append(
             "build the model under deepspeed.zero.Init (the HF Trainer does this for ZeRO-3 configs) so no rank holds the full model"
         )
+    if plan.zero_stage == 3 and spec.model.is_moe:  # issue 17: the memory model gathers the whole block at once
+        from dsgen.catalog.model_shape import MOE_BLOCK_CLASSES
+
+        block = MOE_BLOCK_CLASSES.get(spec.model.family, "<the model's sparse MoE block class>")
+        needs.append(
+            f"make each MoE block a ZeRO-3 leaf module before deepspeed.initialize: "
+            f"deepspeed.utils.set_z3_leaf_modules(model, [{block}])"
+        )
     if not needs:
         return "Your training script needs nothing beyond passing this config to deepspeed.initialize."
     return "Your training script must: " + "; ".join(needs) + "."

@@ -235,6 +235,17 @@ MEASURED = [
     ("gpt_neox", "bf16", "sdpa", "none", 0.0, (2, 64)),
     ("bert", "bf16", "eager", "none", 0.1, (2, 64)),
     ("bert", "bf16", "sdpa", "selective", 0.0, (2, 64)),
+    # today's decoders (issue 17), one case per trait
+    ("qwen3", "bf16", "sdpa", "none", 0.0, (2, 64)),  # per-head q/k norms
+    ("olmo2", "bf16", "eager", "full", 0.0, (2, 64)),  # all-heads q/k norms, post-norms, fp32 rotary
+    ("gemma3_text", "bf16", "sdpa", "none", 0.0, (2, 96)),  # sandwich norms; sliding layers get a mask (s > 64)
+    ("gemma3_text", "fp32", "sdpa", "full", 0.0, (1, 128)),  # the sliding mask held by the checkpoints
+    ("olmo3", "bf16", "eager", "selective", 0.0, (2, 96)),  # sliding layer_types, two rotary tables
+    ("qwen3_moe", "bf16", "sdpa", "none", 0.0, (2, 64)),  # top-k routed experts
+    ("qwen2_moe", "bf16", "eager", "none", 0.0, (2, 64)),  # gated shared expert
+    ("deepseek_v3", "bf16", "eager", "none", 0.0, (2, 64)),  # MLA, sigmoid router, shared expert, dense layer
+    ("deepseek_v3", "fp32", "eager", "full", 0.0, (1, 64)),
+    ("gpt_oss", "bf16", "eager", "none", 0.0, (2, 96)),  # attention sinks, clamped GLU experts
 ]
 
 

@@ -30,6 +30,8 @@ NUMBERS = (
     "intermediate_size",
     "vocab_size",
     "max_position_embeddings",
+    "sliding_window",
+    "sliding_window_layers",
 )
 
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -85,46 +86,276 @@ class _Config:
         return value
 
 
-# ---- gated-MLP decoders (llama and its descendants) ------------------------------------------------
+# ---- decoders, read by their traits ---------------------------------------------------------------
 @dataclass(frozen=True)
-class _DecoderRules:
-    """Where one llama-like family differs: its transformers defaults and hard-coded layout."""
+class _Layout:
+    """What one model_type's transformers implementation hard-codes (not in config.json), and the
+    defaults its config class gives the keys that matter. Everything else is read from the keys
+    themselves, so one reader serves every decoder; an unknown model_type gets ``_ASSUMED``."""
 
-    kv_heads: int | None  # default num_key_value_heads; None = num_attention_heads
-    max_positions: int
+    family: str
+    kv_heads: int | None = None  # default num_key_value_heads; None = num_attention_heads
+    max_positions: int = 4096
     tie: bool = False
     head_dim: int | None = None  # default head_dim; None = hidden_size // num_attention_heads
-    activation_key: str = "hidden_act"
+    floor_head_dim: bool = False  # hidden_size // heads even when it does not divide (glm4_moe does)
     activation: str = "silu"
-    attention_bias_key: bool = False  # reads attention_bias (biases on q/k/v and o_proj)
-    mlp_bias_key: bool = False  # reads mlp_bias (biases on gate/up/down)
-    qkv_bias: bool = False  # hard-coded biases on q/k/v only (qwen2)
+    norm: str = "rmsnorm"
+    norm_bias: bool = True
     norms_per_layer: int = 2
-    moe: bool = False
+    qk_norm: str = "none"
+    qk_norm_key: str | None = None  # a boolean key that switches the q/k norms on (glm4_moe, use_qk_norm)
+    gated: bool = True
+    # (key, what it puts a bias on: "qkv", "o", "mlp", "expert"), read in order, later keys override
+    bias_keys: tuple[tuple[str, str], ...] = (("attention_bias", "qkv o"), ("mlp_bias", "mlp"))
+    hard_bias: str = ""  # biases transformers always builds (qwen2: "qkv")
+    parallel: bool = False
+    sinks: bool = False
+    router_bias: bool = False
+    shared_gate: bool = False
+    shared_expert_is_expert: bool = False  # llama4: one shared expert as wide as a routed one
+    dense_width_key: str = "intermediate_size"  # width of dense MLPs
+    expert_width_key: str = "moe_intermediate_size"  # width of routed experts (falls back to intermediate_size)
+    moe: bool = False  # a MoE model type: the expert count has a class default
+    experts: int = 8
+    experts_per_token: int = 2
     dropout_keys: tuple[str, ...] = ("attention_dropout",)
+    sliding_pattern: int = 0  # without layer_types: every n-th layer is global, the others slide (0: all slide)
 
 
-_DECODERS: dict[str, _DecoderRules] = {
-    "llama": _DecoderRules(kv_heads=None, max_positions=2048, attention_bias_key=True, mlp_bias_key=True),
-    "mistral": _DecoderRules(kv_heads=8, max_positions=131072),
-    "mixtral": _DecoderRules(kv_heads=8, max_positions=131072, moe=True),
-    "qwen2": _DecoderRules(kv_heads=32, max_positions=32768, qkv_bias=True),
-    "gemma2": _DecoderRules(
+_LLAMA = _Layout("llama", max_positions=2048)
+_QWEN3 = _Layout("qwen3", kv_heads=32, max_positions=32768, head_dim=128, qk_norm="head")
+_DEEPSEEK = _Layout("deepseek_v3", max_positions=4096, moe=True, experts=256, experts_per_token=8)
+_LAYOUTS: dict[str, _Layout] = {
+    "llama": _LLAMA,
+    "mistral": _Layout("mistral", kv_heads=8, max_positions=131072, bias_keys=()),
+    "mixtral": _Layout("mixtral", kv_heads=8, max_positions=131072, bias_keys=(), moe=True),
+    "qwen2": _Layout("qwen2", kv_heads=32, max_positions=32768, bias_keys=(), hard_bias="qkv"),
+    "gemma2": _Layout(
+        "gemma2",
         kv_heads=4,
         max_positions=8192,
         tie=True,
         head_dim=256,
-        activation_key="hidden_activation",
         activation="gelu_pytorch_tanh",
-        attention_bias_key=True,
         norms_per_layer=4,
+        bias_keys=(("attention_bias", "qkv o"),),
+        sliding_pattern=2,
     ),
-    "phi3": _DecoderRules(
-        kv_heads=None,
+    "phi3": _Layout(
+        "phi3", max_positions=4096, bias_keys=(), dropout_keys=("resid_pdrop", "embd_pdrop", "attention_dropout")
+    ),
+    "qwen3": _QWEN3,
+    "qwen3_vl_text": replace(_QWEN3, family="qwen3", kv_heads=32, max_positions=128000),
+    "qwen3_moe": replace(
+        _QWEN3, family="qwen3_moe", kv_heads=4, head_dim=None, moe=True, experts=128, experts_per_token=8
+    ),
+    "qwen2_moe": _Layout(
+        "qwen2_moe",
+        kv_heads=16,
+        max_positions=32768,
+        bias_keys=(("qkv_bias", "qkv"),),
+        hard_bias="qkv",  # Qwen2MoeConfig.qkv_bias defaults to True
+        shared_gate=True,
+        moe=True,
+        experts=60,
+        experts_per_token=4,
+    ),
+    "gemma3_text": _Layout(
+        "gemma3_text",
+        kv_heads=4,
+        max_positions=131072,
+        tie=True,
+        head_dim=256,
+        activation="gelu_pytorch_tanh",
+        norms_per_layer=4,
+        qk_norm="head",
+        bias_keys=(("attention_bias", "qkv o"),),
+        sliding_pattern=6,
+    ),
+    "llama4_text": _Layout(
+        "llama4_text",
+        kv_heads=8,
+        max_positions=4096 * 32,
+        head_dim=128,
+        bias_keys=(("attention_bias", "qkv o"),),
+        shared_expert_is_expert=True,
+        dense_width_key="intermediate_size_mlp",
+        expert_width_key="intermediate_size",
+        moe=True,
+        experts=16,
+        experts_per_token=1,
+    ),
+    "deepseek_v2": replace(_DEEPSEEK, family="deepseek_v2", experts=64, experts_per_token=6),
+    "deepseek_v3": _DEEPSEEK,
+    "gpt_oss": _Layout(
+        "gpt_oss",
+        kv_heads=8,
+        max_positions=131072,
+        head_dim=64,
+        bias_keys=(("attention_bias", "qkv o"),),
+        hard_bias="qkv o expert",  # GptOssConfig.attention_bias defaults to True
+        sinks=True,
+        router_bias=True,
+        moe=True,
+        experts=128,
+        experts_per_token=4,
+    ),
+    "glm4_moe": _Layout(
+        "glm4_moe",
+        kv_heads=8,
+        floor_head_dim=True,
+        max_positions=131072,
+        qk_norm="head",
+        qk_norm_key="use_qk_norm",
+        bias_keys=(("attention_bias", "qkv"),),
+        moe=True,
+        experts=128,
+        experts_per_token=8,
+    ),
+    "olmo2": _Layout("olmo2", max_positions=2048, qk_norm="full", bias_keys=(("attention_bias", "qkv o"),)),
+    "olmo3": _Layout("olmo3", max_positions=2048, qk_norm="full", bias_keys=(("attention_bias", "qkv o"),)),
+    "olmoe": _Layout(
+        "olmoe",
         max_positions=4096,
-        dropout_keys=("resid_pdrop", "embd_pdrop", "attention_dropout"),
+        qk_norm="full",
+        bias_keys=(("attention_bias", "qkv o"),),
+        moe=True,
+        experts=64,
+        experts_per_token=8,
+    ),
+    "smollm3": _Layout("smollm3", kv_heads=4, max_positions=32768, tie=True),
+    "granite": replace(_LLAMA, family="granite"),
+    "starcoder2": _Layout(
+        "starcoder2",
+        kv_heads=2,
+        max_positions=4096,
+        tie=True,
+        activation="gelu_pytorch_tanh",
+        norm="layernorm",
+        gated=False,
+        bias_keys=(("use_bias", "qkv o mlp"),),
+        hard_bias="qkv o mlp",  # Starcoder2Config.use_bias defaults to True
+        dropout_keys=("attention_dropout", "residual_dropout", "embedding_dropout"),
+    ),
+    "cohere2": _Layout(
+        "cohere2",
+        max_positions=8192,
+        tie=True,
+        head_dim=128,
+        norm="layernorm",
+        norm_bias=False,
+        norms_per_layer=1,
+        parallel=True,
+        bias_keys=(("attention_bias", "qkv o"),),
+        sliding_pattern=4,
+    ),
+    "internlm3": _Layout(
+        "internlm3",
+        kv_heads=None,
+        max_positions=32768,
+        head_dim=None,
+        bias_keys=(("qkv_bias", "qkv o"), ("attention_bias", "qkv o"), ("bias", "mlp"), ("mlp_bias", "mlp")),
+    ),
+    "seed_oss": _Layout(
+        "seed_oss",
+        max_positions=524288,
+        bias_keys=(("attention_bias", "qkv"), ("attention_out_bias", "o"), ("mlp_bias", "mlp")),
+        hard_bias="qkv",  # SeedOssConfig.attention_bias defaults to True
+        dropout_keys=("attention_dropout", "residual_dropout"),
+    ),
+    "ernie4_5": _Layout(
+        "ernie4_5", kv_heads=None, max_positions=131072, tie=True, bias_keys=(("use_bias", "qkv o mlp"),)
     ),
 }
+# What an unknown model_type is assumed to be: a llama decoder, the layout most decoders share.
+_ASSUMED = _Layout(
+    "llama",
+    bias_keys=(("attention_bias", "qkv o"), ("mlp_bias", "mlp")),
+)
+_ASSUMPTIONS = (
+    "gated (SwiGLU) MLP, two RMSNorms per layer, no q/k norms, biases only where attention_bias/mlp_bias say, "
+    "the llama module layout"
+)
+# The keys a decoder's traits are read from: the first present of each tuple is used.
+_LAYERS_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+_HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model")
+_HEADS_KEYS = ("num_attention_heads", "n_head")
+_EXPERTS_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+_TOPK_KEYS = ("num_experts_per_tok", "moe_k", "experts_per_token")
+
+
+def _first(cfg: _Config, keys: tuple[str, ...]) -> str:
+    """The first of ``keys`` the config has (non-null), else the first of them (for the error)."""
+    return next((k for k in keys if cfg.data.get(k) is not None), keys[0])
+
+
+def _int_list(cfg: _Config, key: str) -> list[int] | None:
+    value = cfg.data.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(type(v) is int for v in value):
+        raise cfg.error(key, f"expected a list of layer indices, got {value!r}")
+    return value
+
+
+def _moe_layers(cfg: _Config, layers: int) -> int:
+    """How many layers hold a mixture of experts, from whichever layer-pattern keys the config has:
+    ``moe_layers`` (llama4), ``first_k_dense_replace`` (DeepSeek, GLM), ``mlp_only_layers`` and
+    ``decoder_sparse_step`` (Qwen MoE), ``interleave_moe_layer_step`` (llama4); otherwise every layer."""
+    listed = _int_list(cfg, "moe_layers")
+    if listed is not None:
+        return len({i for i in listed if 0 <= i < layers})
+    if "interleave_moe_layer_step" in cfg.data and cfg.data["interleave_moe_layer_step"] is not None:
+        step = cfg.integer("interleave_moe_layer_step")
+        return len(range(step - 1, layers, step))
+    first_dense = cfg.integer("first_k_dense_replace", 0, minimum=0)
+    step = cfg.integer("decoder_sparse_step", 1)
+    dense_only = set(_int_list(cfg, "mlp_only_layers") or [])
+    return sum(1 for i in range(first_dense, layers) if i not in dense_only and (i + 1) % step == 0)
+
+
+def _sliding_layers(cfg: _Config, layers: int, layout: _Layout) -> tuple[int, int]:
+    """(window, layers using it): ``layer_types`` when given, else the family's pattern (Gemma,
+    Cohere: every n-th layer global), else every layer when a window is set and
+    ``use_sliding_window`` is not false."""
+    window = cfg.data.get("sliding_window")
+    if window is None or window == 0:
+        return 0, 0
+    window = cfg.integer("sliding_window")
+    types = cfg.data.get("layer_types")
+    if isinstance(types, list):
+        return window, sum(1 for t in types[:layers] if t == "sliding_attention")
+    if cfg.data.get("use_sliding_window") is False:
+        return 0, 0
+    pattern = (
+        cfg.data.get("sliding_window_pattern") or cfg.data.get("_sliding_window_pattern") or layout.sliding_pattern
+    )
+    if type(pattern) is int and pattern > 0:
+        return window, sum(1 for i in range(layers) if (i + 1) % pattern)
+    return window, layers
+
+
+def _biases(cfg: _Config, layout: _Layout) -> set[str]:
+    on = set(layout.hard_bias.split())
+    for key, targets in layout.bias_keys:
+        if key in cfg.data and cfg.data[key] is not None:
+            if cfg.boolean(key, False):
+                on |= set(targets.split())
+            else:
+                on -= set(targets.split())
+    return on
+
+
+def _falcon_attention(cfg: _Config, heads: int) -> tuple[int, int, bool]:
+    """(kv heads, norms per layer, parallel) of Falcon's three layouts (FalconDecoderLayer)."""
+    parallel = cfg.boolean("parallel_attn", True)
+    if cfg.boolean("new_decoder_architecture", False):
+        kv_heads = cfg.integer("num_kv_heads", heads)
+        lns = cfg.data.get("num_ln_in_parallel_attn")
+        return kv_heads, 2 if lns is None else cfg.integer("num_ln_in_parallel_attn"), True
+    kv_heads = 1 if cfg.boolean("multi_query", True) else heads
+    return kv_heads, 1 if parallel else 2, parallel
 
 
 def _heads(cfg: _Config, hidden: int, heads_key: str) -> tuple[int, int]:
@@ -135,46 +366,110 @@ def _heads(cfg: _Config, hidden: int, heads_key: str) -> tuple[int, int]:
 
 
 def _decoder(model_type: str, cfg: _Config, name: str) -> ModelShape:
-    rules = _DECODERS[model_type]
-    hidden = cfg.integer("hidden_size")
-    heads = cfg.integer("num_attention_heads")
-    if rules.head_dim is None and cfg.data.get("head_dim") is None:
-        _, head_dim = _heads(cfg, hidden, "num_attention_heads")
+    layout = _LAYOUTS.get(model_type, _ASSUMED)
+    hidden_key = _first(cfg, _HIDDEN_KEYS)
+    hidden = cfg.integer(hidden_key)
+    heads_key = _first(cfg, _HEADS_KEYS)
+    heads = cfg.integer(heads_key)
+    layers = cfg.integer(_first(cfg, _LAYERS_KEYS))
+    norms_per_layer, parallel = layout.norms_per_layer, layout.parallel
+    if model_type == "falcon":
+        kv_heads, norms_per_layer, parallel = _falcon_attention(cfg, heads)
     else:
-        head_dim = cfg.integer("head_dim", rules.head_dim)
-    kv_heads = cfg.integer("num_key_value_heads", heads if rules.kv_heads is None else rules.kv_heads)
-    if heads % kv_heads:
+        kv_heads = cfg.integer("num_key_value_heads", heads if layout.kv_heads is None else layout.kv_heads)
+    mla = cfg.data.get("kv_lora_rank") is not None  # MLA: every head has its own k and v
+    if heads % kv_heads and not mla:
         raise cfg.error("num_key_value_heads", f"{kv_heads} does not divide num_attention_heads ({heads})")
-    attention_bias = cfg.boolean("attention_bias", False) if rules.attention_bias_key else False
-    num_experts = experts_per_token = 0
-    if rules.moe:
-        num_experts = cfg.integer("num_local_experts", 8)
-        experts_per_token = cfg.integer("num_experts_per_tok", 2)
-        if experts_per_token > num_experts:
-            message = f"{experts_per_token} exceeds num_local_experts ({num_experts})"
-            raise cfg.error("num_experts_per_tok", message)
-    activation = cfg.string(rules.activation_key, rules.activation)
+    mla_fields: dict[str, Any] = {}
+    if mla:
+        nope, rope = cfg.integer("qk_nope_head_dim"), cfg.integer("qk_rope_head_dim")
+        head_dim, kv_heads = nope + rope, heads
+        mla_fields = {
+            "q_lora_rank": cfg.integer("q_lora_rank", 0, minimum=0),
+            "kv_lora_rank": cfg.integer("kv_lora_rank"),
+            "qk_nope_head_dim": nope,
+            "qk_rope_head_dim": rope,
+            "v_head_dim": cfg.integer("v_head_dim"),
+        }
+    elif layout.head_dim is None and cfg.data.get("head_dim") is None:
+        if hidden % heads and not layout.floor_head_dim:
+            raise cfg.error(heads_key, f"{heads} does not divide {hidden_key} ({hidden})")
+        head_dim = hidden // heads
+    else:
+        head_dim = cfg.integer("head_dim", layout.head_dim)
+    width_key = (
+        layout.dense_width_key
+        if layout.dense_width_key in cfg.data
+        else _first(cfg, ("intermediate_size", "ffn_hidden_size", "n_inner"))
+    )
+    if model_type == "falcon":
+        intermediate = cfg.integer("ffn_hidden_size", 4 * hidden)
+    else:
+        intermediate = cfg.integer(width_key)
+    experts_key = _first(cfg, _EXPERTS_KEYS)
+    num_experts = cfg.integer(experts_key, layout.experts if layout.moe else 0, minimum=0)
+    moe_fields: dict[str, Any] = {}
+    if num_experts:
+        topk_key = _first(cfg, _TOPK_KEYS)
+        per_token = cfg.integer(topk_key, layout.experts_per_token)
+        if per_token > num_experts:
+            raise cfg.error(topk_key, f"{per_token} exceeds {experts_key} ({num_experts})")
+        expert_width = cfg.integer(layout.expert_width_key, intermediate)
+        if layout.shared_expert_is_expert:
+            shared = expert_width
+        elif cfg.data.get("shared_expert_intermediate_size"):
+            shared = cfg.integer("shared_expert_intermediate_size")
+        else:
+            shared = cfg.integer("n_shared_experts", 0, minimum=0) * expert_width
+        moe_fields = {
+            "num_experts": num_experts,
+            "experts_per_token": per_token,
+            "moe_intermediate_size": 0 if expert_width == intermediate else expert_width,  # 0: the same
+            "dense_layers": layers - _moe_layers(cfg, layers),
+            "shared_expert_intermediate_size": shared,
+            "shared_expert_gate": layout.shared_gate and shared > 0,
+            "router_bias": layout.router_bias,
+        }
+    biases = _biases(cfg, layout)
+    if model_type == "falcon":
+        biases = {"qkv", "o", "mlp"} if cfg.boolean("bias", False) else set()
+    activation = cfg.string(_first(cfg, ("hidden_act", "hidden_activation", "activation")), layout.activation)
+    qk_norm = layout.qk_norm
+    if layout.qk_norm_key is not None and not cfg.boolean(layout.qk_norm_key, False):
+        qk_norm = "none"
+    window, window_layers = _sliding_layers(cfg, layers, layout)
+    if model_type == "falcon":
+        norm, gated = "layernorm", False
+    else:
+        norm, gated = layout.norm, layout.gated
     return ModelShape(
         name=name,
-        family=model_type,  # type: ignore[arg-type]  # a key of _DECODERS, all of them families
-        num_layers=cfg.integer("num_hidden_layers"),
+        family=layout.family if model_type != "falcon" else "falcon",  # type: ignore[arg-type]  # Family literals
+        num_layers=layers,
         hidden_size=hidden,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         head_dim=head_dim,
-        intermediate_size=cfg.integer("intermediate_size"),
+        intermediate_size=intermediate,
         vocab_size=cfg.integer("vocab_size"),
-        mlp="geglu" if activation.startswith("gelu") else "swiglu",
-        norm="rmsnorm",
-        norms_per_layer=rules.norms_per_layer,
-        tie_word_embeddings=cfg.boolean("tie_word_embeddings", rules.tie),
-        attention_bias=attention_bias or rules.qkv_bias,
-        attention_out_bias=attention_bias,
-        mlp_bias=cfg.boolean("mlp_bias", False) if rules.mlp_bias_key else False,
-        num_experts=num_experts,
-        experts_per_token=experts_per_token,
-        max_position_embeddings=cfg.integer("max_position_embeddings", rules.max_positions),
-        dropout=cfg.probability(*rules.dropout_keys, default=0.0),
+        mlp=("geglu" if activation.startswith("gelu") else "swiglu") if gated else "gelu",
+        norm=norm,  # type: ignore[arg-type]  # a NormKind literal of _LAYOUTS
+        norm_bias=layout.norm_bias,
+        norms_per_layer=norms_per_layer,
+        tie_word_embeddings=cfg.boolean("tie_word_embeddings", layout.tie),
+        attention_bias="qkv" in biases,
+        attention_out_bias="o" in biases,
+        mlp_bias="mlp" in biases,
+        expert_bias="expert" in biases,
+        qk_norm=qk_norm,  # type: ignore[arg-type]  # a QkNormKind literal of _LAYOUTS
+        parallel_block=parallel,
+        attention_sinks=layout.sinks,
+        sliding_window=window,
+        sliding_window_layers=window_layers,
+        max_position_embeddings=cfg.integer("max_position_embeddings", layout.max_positions),
+        dropout=cfg.probability(*layout.dropout_keys, default=0.0),
+        **mla_fields,
+        **moe_fields,
     )
 
 
@@ -271,8 +566,9 @@ def _bert(cfg: _Config, name: str) -> ModelShape:
     )
 
 
+_LAYOUTS["falcon"] = _Layout("falcon", max_positions=2048, tie=True, norm="layernorm", gated=False)
 _READERS: dict[str, Callable[[_Config, str], ModelShape]] = {
-    **{model_type: partial(_decoder, model_type) for model_type in _DECODERS},
+    **{model_type: partial(_decoder, model_type) for model_type in _LAYOUTS},
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
     "bert": _bert,
@@ -310,11 +606,65 @@ def shape_from_hf_config(path: Path, *, name: str | None = None) -> ModelShape:
     model_type = data.get("model_type")
     if model_type is None:
         raise cfg.error("model_type", "missing", hint=f"supported model types: {supported}")
-    reader = _READERS.get(model_type) if isinstance(model_type, str) else None
-    if reader is None:
-        raise cfg.error(
-            "model_type",
-            f"unsupported model_type {model_type!r}; supported: {supported}",
-            hint="describe the model with model.architecture instead",
-        )
-    return reader(cfg, name or file.resolve().parent.name)
+    if not isinstance(model_type, str):
+        raise cfg.error("model_type", f"expected a string, got {model_type!r}")
+    name = name or file.resolve().parent.name
+    if isinstance(data.get("text_config"), dict):
+        return _multimodal(cfg, model_type, name)
+    reader = _READERS.get(model_type)
+    if reader is not None:
+        return reader(cfg, name)
+    return _by_traits(cfg, model_type, name, supported)
+
+
+class AssumptionWarning(UserWarning):
+    """A config was read, but part of what dsgen needed was assumed rather than read."""
+
+
+_REQUIRED_TRAITS = (_HIDDEN_KEYS, _LAYERS_KEYS, _HEADS_KEYS, ("intermediate_size", "ffn_hidden_size"), ("vocab_size",))
+
+
+def _by_traits(cfg: _Config, model_type: str, name: str, supported: str) -> ModelShape:
+    """An unknown model_type whose keys are those of a decoder: read it as a llama-layout decoder,
+    saying what was assumed; without them, name the first key it lacks."""
+    for keys in _REQUIRED_TRAITS:
+        if all(cfg.data.get(k) is None for k in keys):
+            raise cfg.error(
+                keys[0],
+                f"missing: model_type {model_type!r} is not one dsgen knows, and a decoder cannot be read without it",
+                hint=f"supported model types: {supported}; or describe the model with model.architecture",
+            )
+    shape = _decoder(model_type, cfg, name)
+    warnings.warn(
+        f"{cfg.file}: model_type {model_type!r} is not one dsgen knows; read from its keys assuming {_ASSUMPTIONS}",
+        AssumptionWarning,
+        stacklevel=3,
+    )
+    return shape
+
+
+def _multimodal(cfg: _Config, model_type: str, name: str) -> ModelShape:
+    """A checkpoint whose language model is described by ``text_config`` (Gemma 3, Llama 4,
+    Qwen3-VL): the language model is read by its traits, the rest of the model (vision tower,
+    projector) is counted from ``vision_config`` by :mod:`dsgen.catalog.vision`, so the parameter
+    count (and the model states) are the whole model's while the activation model describes the
+    language model, which the warning says."""
+    from dsgen.catalog.vision import non_text_parameters
+
+    text_data = dict(cfg.data["text_config"])
+    text_type = text_data.get("model_type") or f"{model_type}_text"
+    if "tie_word_embeddings" in cfg.data and "tie_word_embeddings" not in text_data:
+        text_data["tie_word_embeddings"] = cfg.data["tie_word_embeddings"]
+    text_cfg = _Config(text_data, cfg.text, cfg.file)
+    reader = _READERS.get(text_type)
+    shape = (
+        reader(text_cfg, name) if reader else _by_traits(text_cfg, text_type, name, ", ".join(SUPPORTED_MODEL_TYPES))
+    )
+    vision = non_text_parameters(cfg, model_type, shape)
+    warnings.warn(
+        f"{cfg.file}: {model_type} is multimodal: the parameter count includes its vision tower and projector "
+        f"({vision:,} parameters); activations are those of the language model ({text_type}) on text",
+        AssumptionWarning,
+        stacklevel=3,
+    )
+    return replace(shape, non_text_parameters=vision)

@@ -231,6 +231,171 @@ def _bert(shape: ModelShape, e: int, attention: str, micro_batch: int, selective
     return per_token, attn_quad
 
 
+# ---- today's decoders (issue 17): one inventory driven by the shape's traits ----------------------
+# Families whose RMSNorm multiplies by the weight in fp32 and casts after (olmo2 ``(w * x).to(dtype)``,
+# gpt_oss, Gemma's ``x * (1 + w)``): the normalised value is saved in fp32, not the compute dtype.
+_FP32_WEIGHT_NORM = frozenset({"olmo2", "olmo3", "gpt_oss", "gemma3_text"})
+# Families whose two norms come after attention and after the MLP (Olmo2DecoderLayer): the layer
+# input and the residual sum are what the projections save, and the norm outputs feed residual adds.
+_POST_NORM = frozenset({"olmo2", "olmo3"})
+# MoE routers (the tensors before the experts, per token): deepseek_v3 and glm4_moe score in fp32 on
+# an fp32 copy of the input with a sigmoid, gather the top-k scores and renormalise them, and weight
+# each routed copy in fp32; the Qwen/OLMoE blocks take an fp32 softmax and weight in the compute dtype.
+# Families with a second rotary table (other base) for their sliding-window layers.
+_LOCAL_ROPE = frozenset({"gemma3_text", "olmo3"})
+_SIGMOID_ROUTER = frozenset({"deepseek_v3", "deepseek_v2", "glm4_moe"})
+MODERN_FAMILIES = frozenset(
+    {
+        "qwen3",
+        "qwen3_moe",
+        "qwen2_moe",
+        "gemma3_text",
+        "llama4_text",
+        "deepseek_v2",
+        "deepseek_v3",
+        "gpt_oss",
+        "glm4_moe",
+        "olmo2",
+        "olmo3",
+        "olmoe",
+        "smollm3",
+        "granite",
+        "starcoder2",
+        "cohere2",
+        "falcon",
+        "internlm3",
+        "seed_oss",
+        "ernie4_5",
+    }
+)
+
+
+def _norm(width: int, rows: int, e: int, fp32_weight: bool, output_saved: bool) -> int:
+    """One RMSNorm over ``width`` values in ``rows`` groups (q/k norms per head have one per head):
+    the fp32 upcast input, the fp32 rsqrt per group, the normalised value (fp32 when the weight
+    multiply runs in fp32) and, when a linear consumes it, the output in the compute dtype."""
+    return FP32 * width + FP32 * rows + (FP32 if fp32_weight else e) * width + (e * width if output_saved else 0)
+
+
+def _mla_attention(shape: ModelShape, e: int, attention: str, micro_batch: int, selective: bool) -> tuple[int, int]:
+    """DeepseekV3Attention: q_a_proj output through q_a_layernorm (saved by q_b_proj), the
+    compressed kv through kv_a_layernorm (saved by kv_b_proj), q and k as the ``torch.cat`` of
+    their no-rope and rotary parts (all heads, qk_nope + qk_rope wide), v as a view of kv_b_proj's
+    output (which stays alive whole: nope + v per head), the output (heads x v_head_dim) saved by
+    o_proj. eager adds the fp32 softmax and its 16-bit copy; flash/sdpa the fp32 log-sum-exp. In
+    eager at micro-batch > 1 the batched matmul copies the strided v (heads x v_head_dim) and
+    kv_b_proj's output is freed."""
+    nh = shape.num_attention_heads
+    q_head = shape.qk_nope_head_dim + shape.qk_rope_head_dim
+    r_q, r_kv = shape.q_lora_rank, shape.kv_lora_rank
+    lora = (_norm(r_q, 1, e, False, True) if r_q else 0) + _norm(r_kv, 1, e, False, True)
+    if e == FP32:  # the no-op upcast leaves the norm holding kv_a's whole output, rope part included
+        lora += FP32 * shape.qk_rope_head_dim
+    q = k = e * nh * q_head
+    v = e * nh * (shape.qk_nope_head_dim + shape.v_head_dim)
+    out = e * nh * shape.v_head_dim
+    if selective:
+        return lora + q + k + v + out, 0
+    if attention != "eager":
+        return lora + q + k + v + out + FP32 * nh, 0
+    if micro_batch > 1:
+        v = e * nh * shape.v_head_dim
+    return lora + q + k + v + out, nh * (FP32 + (e if e != FP32 else 0))  # fp32: the softmax output is the copy
+
+
+def _moe_block(shape: ModelShape, e: int) -> int:
+    """The sparse block per token: router, the experts_per_token routed copies, shared expert(s).
+
+    Router (Qwen3MoeTopKRouter and kin): fp32 softmax ``4·E``, top-k indices ``8·k``; the
+    DeepSeek/GLM router adds the fp32 copy of its input ``4·h``, the gathered scores and their
+    renormalisation ``4·k + 4``; gpt_oss takes the top-k of biased logits and a 16-bit softmax over
+    them ``e·k``. Per routed copy (grouped-mm experts): gathered input ``e·h``, gate/up output
+    ``2·e·f``, activation output and product ``2·e·f``, down output saved by the weighting
+    multiply ``e·h``, the weight (fp32 for DeepSeek/GLM, the compute dtype otherwise) and three
+    int64 index vectors; gpt_oss's clamped, alpha-scaled GLU saves five ``e·f`` tensors after
+    gate/up (sigmoid, clamped gate, up + 1, their product, the down input) and four indices.
+    Shared expert: a dense gated MLP ``4·e·f_shared``; qwen2_moe's sigmoid gate saves the shared
+    output and the gate ``e·h + e``."""
+    h, k, experts, f = shape.hidden_size, shape.experts_per_token, shape.num_experts, shape.expert_intermediate_size
+    if shape.family == "gpt_oss":
+        router = INT64 * k + e * k
+        per_copy = 2 * e * h + 7 * e * f + e + 4 * INT64
+    elif shape.family in _SIGMOID_ROUTER:
+        router = (FP32 * h if e != FP32 else 0) + FP32 * experts + INT64 * k + FP32 * k + FP32
+        per_copy = 2 * e * h + 4 * e * f + FP32 + 3 * INT64
+    else:
+        router = FP32 * experts + INT64 * k
+        per_copy = 2 * e * h + 4 * e * f + e + 3 * INT64
+    shared = 4 * e * shape.shared_expert_intermediate_size
+    if shape.shared_expert_gate:
+        shared += e * h + e
+    return router + k * per_copy + shared
+
+
+def _modern(
+    shape: ModelShape, e: int, attention: str, micro_batch: int, selective: bool, moe: bool, s: int
+) -> tuple[int, int]:
+    """A decoder layer of today's families, term by term from its traits (see docs/memory-model.md).
+
+    Norms: two pre-norms (llama), four sandwich norms (Gemma: the input and pre-feedforward
+    outputs feed linears), or two post-norms (OLMo 2: the projections save the layer input and the
+    residual sum instead). q/k norms: one RMSNorm per head (Qwen3, Gemma 3) or over all heads
+    (OLMo 2), their rotary outputs are the q and k attention saves. Attention: MLA, gpt_oss's eager
+    attention with sinks (the logits concatenated with one sink column per head: int64 max indices
+    and a 16-bit softmax over s + 1 columns), or the standard core. MLP: dense gated (or plain
+    GELU) MLP, or the MoE block for MoE layers."""
+    h, fp32w = shape.hidden_size, shape.family in _FP32_WEIGHT_NORM
+    if shape.family in _POST_NORM:
+        norms = 2 * _norm(h, 1, e, fp32w, False) + 2 * e * h
+    elif shape.norms_per_layer == 4:
+        norms = 2 * _norm(h, 1, e, fp32w, True) + 2 * _norm(h, 1, e, fp32w, False)
+    else:
+        norms = shape.norms_per_layer * _norm(h, 1, e, fp32w, True)
+    if shape.is_mla:
+        attn_lin, attn_quad = _mla_attention(shape, e, attention, micro_batch, selective)
+    else:
+        attn_lin, attn_quad = _attention_core(shape, e, attention, micro_batch, selective=selective)
+        if shape.qk_norm != "none":
+            per_head = shape.qk_norm == "head"
+            nq, nkv = (shape.num_attention_heads, shape.num_key_value_heads) if per_head else (1, 1)
+            attn_lin += _norm(shape.q_size, nq, e, fp32w, False) + _norm(shape.kv_size, nkv, e, fp32w, False)
+        if shape.attention_sinks and attention == "eager" and not selective:
+            nh = shape.num_attention_heads
+            attn_lin += INT64 * nh + e * nh  # max indices, the sink column of the softmax
+            attn_quad = nh * e  # the softmax runs in the compute dtype; its output is what matmul saves
+    if moe:
+        mlp = _moe_block(shape, e)
+    elif shape.gated_mlp:
+        mlp = 4 * e * shape.intermediate_size
+    else:
+        mlp = 2 * e * shape.intermediate_size
+    return norms + attn_lin + mlp, attn_quad
+
+
+def _has_modern_traits(shape: ModelShape) -> bool:
+    """An inline ``architecture`` of an older family with MLA or MoE fields the older formulas lack."""
+    return shape.is_mla or bool(
+        shape.moe_intermediate_size or shape.shared_expert_intermediate_size or shape.dense_layers
+    )
+
+
+def _sliding_mask(shape: ModelShape, s: int) -> bool:
+    """Whether sdpa's sliding-window layers get an explicit mask: only when the sequence is longer
+    than the window (shorter, the window is the causal mask and transformers skips it)."""
+    return bool(shape.sliding_window_layers) and s > shape.sliding_window and not shape.is_mla
+
+
+def _sliding_sdpa_extra(shape: ModelShape, e: int, attention: str, b: int, s: int, selective: bool) -> int:
+    """sdpa on a sliding-window layer longer than its window gets an explicit mask: transformers
+    then repeats k and v to every head (no native GQA with a mask) and the kernel saves the mask as
+    a (b, 1, s, s) tensor of the compute dtype, one per layer. Bytes for the whole micro-batch."""
+    if attention != "sdpa" or not _sliding_mask(shape, s):
+        return 0
+    # repeat_kv of a single kv head is an expand + reshape that stays a view: nothing is copied
+    repeat = 2 * e * (shape.q_size - shape.kv_size) * b * s if shape.num_key_value_heads > 1 else 0
+    return shape.sliding_window_layers * (repeat + b * s * s * e)
+
+
 @lru_cache(maxsize=1024)
 def _per_layer(shape: ModelShape, e: int, attention: str, micro_batch: int, selective: bool = False) -> tuple[int, int]:
     family = shape.family
@@ -309,6 +474,8 @@ def estimate_activations(
     """
     b, s, e = micro_batch_size, sequence_length, dtype_bytes
     selective = selective and not checkpointing
+    if shape.family in MODERN_FAMILIES or _has_modern_traits(shape):
+        return _estimate_modern(shape, b, s, e, attention, checkpointing, selective)
     linear, quadratic = _per_layer(shape, e, attention, b)
     per_layer = b * s * (linear + quadratic * s)
     if checkpointing:
@@ -330,3 +497,62 @@ def estimate_activations(
         outside_layers=outside,
         recompute_working_set=rebuilt,
     )
+
+
+def _estimate_modern(
+    shape: ModelShape, b: int, s: int, e: int, attention: str, checkpointing: bool, selective: bool
+) -> ActivationEstimate:
+    """:func:`estimate_activations` for today's decoders: dense and MoE layers differ, and so may
+    sliding-window layers under sdpa; the largest layer is the one rebuilt in backward."""
+    moe_layers = shape.moe_layers
+    dense_layers = shape.num_layers - moe_layers
+    kinds = [(count, moe) for count, moe in ((dense_layers, False), (moe_layers, True)) if count]
+    full = {
+        moe: b * s * (lin + quad * s)
+        for moe, (lin, quad) in ((m, _modern(shape, e, attention, b, False, m, s)) for _, m in kinds)
+    }
+    sliding = _sliding_sdpa_extra(shape, e, attention, b, s, False)
+    largest = max(full.values()) + (sliding // shape.num_layers if sliding else 0)
+    if checkpointing:
+        layers = shape.num_layers * b * s * e * shape.hidden_size
+        rebuilt = largest
+        per_layer = largest
+    elif selective:
+        kept = {moe: b * s * _modern(shape, e, attention, b, True, moe, s)[0] for _, moe in kinds}
+        layers = sum(count * kept[moe] for count, moe in kinds)
+        rebuilt = max(full[moe] - kept[moe] for _, moe in kinds)
+        per_layer = max(kept.values())
+    else:
+        layers = sum(count * full[moe] for count, moe in kinds) + sliding
+        rebuilt = 0
+        per_layer = largest
+    outside = _outside_modern(shape, e, attention, checkpointing, b, s, selective)
+    return ActivationEstimate(per_layer=per_layer, layers=layers, outside_layers=outside, recompute_working_set=rebuilt)
+
+
+def _outside_modern(
+    shape: ModelShape, e: int, attention: str, checkpointing: bool, b: int, s: int, selective: bool
+) -> int:
+    """Outside the layers: token ids and shifted labels, the final norm (its output saved by the
+    LM head), the fp32 log-softmax of the loss; per position the rotary cos/sin (fp32 for the OLMo
+    families, which rotate in fp32; the rope part of the head for MLA); with checkpointing the
+    position ids and, for eager attention, one b x s x s mask per mask type (full and sliding)
+    held by the checkpoints' recompute closures."""
+    h, v, tokens = shape.hidden_size, shape.vocab_size, b * s
+    fp32w = shape.family in _FP32_WEIGHT_NORM
+    per_token = 2 * INT64 + _norm(h, 1, e, fp32w, True) + FP32 * v
+    if shape.is_mla:  # DeepSeek-V3's interleaved rope: fp32 cos/sin over half the rope width
+        per_position = 2 * FP32 * (shape.qk_rope_head_dim // 2)
+    else:
+        per_position = 2 * (FP32 if shape.family in _POST_NORM else e) * shape.head_dim
+        if shape.family in _LOCAL_ROPE and 0 < shape.sliding_window_layers < shape.num_layers:
+            per_position *= 2  # a second rotary table for the sliding-window layers
+    total = tokens * per_token + s * per_position
+    if checkpointing or selective:
+        total += s * INT64
+        if attention == "eager":
+            masks = 2 if shape.sliding_window_layers and shape.sliding_window_layers < shape.num_layers else 1
+            total += masks * b * s * s * e
+        elif attention == "sdpa" and _sliding_mask(shape, s):
+            total += s * s  # the sliding layers' boolean mask, (1, 1, s, s) for any batch (full layers run is_causal)
+    return total

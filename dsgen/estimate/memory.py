@@ -167,7 +167,7 @@ def buffer_bytes(shape: ModelShape, plan: Plan) -> int:
     if plan.zero_stage < 3:
         return reduce
     live = min(k.max_live_parameters, shape.layer_gather_parameters() + k.prefetch_bucket_size)
-    gathered = w * max(shape.largest_module_parameters(), live)
+    gathered = w * max(shape.largest_gathered_parameters(), live)  # an MoE block is a leaf: gathered whole
     # ZeRO++ hpZ keeps a secondary copy of the parameters partitioned within the node only.
     secondary = w * -(-shape.parameter_count() // k.hpz_partition_size) if k.hpz_partition_size > 1 else 0
     return reduce + gathered + secondary

@@ -45,7 +45,7 @@ from functools import lru_cache
 from itertools import accumulate
 from math import prod
 
-from dsgen.catalog.model_shape import ModelShape
+from dsgen.catalog.model_shape import TRAIT_FAMILIES, ModelShape
 from dsgen.estimate.optimizers import flat_state_bytes, state_bytes
 from dsgen.plan import Plan
 from dsgen.units import FP32
@@ -72,6 +72,8 @@ def parameter_shapes(shape: ModelShape) -> tuple[Shape, ...]:
     which tensors straddle a partition boundary; ZeRO-3 partitions each tensor on its own. The
     dimensions themselves matter only to optimizers that factor their state (Adafactor).
     """
+    if shape.family in TRAIT_FAMILIES:  # issue 17: today's decoders, laid out from their traits
+        return shape.parameter_shapes()
     h, q, kv, f = shape.hidden_size, shape.q_size, shape.kv_size, shape.intermediate_size
     qkv = q + 2 * kv
     ab, aob, mb = shape.attention_bias, shape.attention_out_bias, shape.mlp_bias

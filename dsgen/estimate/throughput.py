@@ -51,7 +51,7 @@ class StepTime:
 def model_flops_per_token(shape: ModelShape, sequence_length: int) -> float:
     """Training FLOPs per token (forward + backward) in the PaLM accounting: 6N plus attention."""
     n = shape.active_parameter_count() - shape.embedding_parameters()
-    attention = 12 * shape.num_layers * shape.q_size * sequence_length
+    attention = 12 * shape.num_layers * shape.attention_score_width * sequence_length  # MLA: (qk + v) / 2
     logits = 6 * shape.hidden_size * shape.vocab_size if shape.tie_word_embeddings else 0
     return 6 * n + attention + logits
 

@@ -194,7 +194,9 @@ class _SpecBuilder:
             from dsgen.catalog.hf_config import shape_from_hf_config
 
             config_file = self.base_dir / block["hf_config"]
-            if not config_file.is_file():
+            if not (
+                config_file / "config.json" if config_file.is_dir() else config_file
+            ).is_file():  # a file or a model folder
                 raise self.fail(("model", "hf_config"), f"file not found: {config_file}")
             shape = shape_from_hf_config(config_file, name=name)
         else:
@@ -213,8 +215,14 @@ class _SpecBuilder:
         values = {**family_defaults(arch.get("family", spec_default("$defs.architecture.family"))), **arch}
         heads = values["num_attention_heads"]
         hidden = values["hidden_size"]
-        kv_heads = values.setdefault("num_key_value_heads", heads)
         base = ("model", "architecture")
+        if "kv_lora_rank" in values:  # multi-head latent attention: every head has its own key and value
+            for key in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+                if key not in values:
+                    raise self.fail((*base, key), "missing: multi-head latent attention (kv_lora_rank) needs it")
+            values["head_dim"] = values["qk_nope_head_dim"] + values["qk_rope_head_dim"]
+            values["num_key_value_heads"] = heads
+        kv_heads = values.setdefault("num_key_value_heads", heads)
         if heads % kv_heads:
             raise self.fail(
                 (*base, "num_key_value_heads"), f"must divide num_attention_heads ({heads}), got {kv_heads}"
