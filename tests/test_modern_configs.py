@@ -6,6 +6,7 @@ device, the same largest layer and the same largest module. Nothing is downloade
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from pathlib import Path
@@ -291,6 +292,26 @@ def test_unknown_model_type_is_read_by_traits_with_a_warning(tmp_path: Path) -> 
     messages = [str(w.message) for w in caught if issubclass(w.category, AssumptionWarning)]
     assert len(messages) == 1 and "'my_new_decoder'" in messages[0] and "SwiGLU" in messages[0]
     assert _counts(shape) == _built(tmp_path / "llama")
+
+
+def test_what_the_reader_assumed_is_a_note_in_the_plan_not_a_python_warning(tmp_path: Path) -> None:
+    """The CLI and --json users see the assumption as one of the plan's notes, not as a Python
+    warning with a source line."""
+    from dsgen.api import load_spec, solve_spec
+    from dsgen.report import result_dict
+
+    data = _transformers_config("llama", {**_SMALL, "num_key_value_heads": 2, "intermediate_size": 512}).to_dict()
+    (tmp_path / "config.json").write_text(json.dumps({**data, "model_type": "my_new_decoder"}), encoding="utf-8")
+    spec_data = {
+        "model": {"hf_config": "config.json"},
+        "hardware": {"gpu": "a100-80gb", "gpus_per_node": 2},
+        "training": {"sequence_length": 128, "global_batch_size": 8},
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning escaping the loader fails the test
+        spec = load_spec(spec_data, base_dir=tmp_path)
+    notes = result_dict(solve_spec(spec))["notes"]
+    assert any("'my_new_decoder' is not one dsgen knows" in note for note in notes), notes
 
 
 def test_unreadable_model_type_names_the_key(tmp_path: Path) -> None:

@@ -33,17 +33,18 @@ def presets(
 ) -> None:
     """List the GPU or model presets that specs can name."""
     from dsgen.catalog.presets import gpu_presets, model_presets
+    from dsgen.report import text_table
 
     if kind is PresetKind.gpus:
         gpus = gpu_presets()
         if as_json:
             typer.echo(json.dumps({name: asdict(g) for name, g in gpus.items()}, indent=2))
             return
-        typer.echo(f"{'name':<16} {'memory':>9} {'bf16':>5} {'bf16 TFLOPS':>12}  description")
-        for name, g in gpus.items():
-            typer.echo(
-                f"{name:<16} {g.memory_gib:>6.1f} GiB {'yes' if g.bf16 else 'no':>5} {_bf16_peak(g):>12}  {g.description}"
-            )
+        rows = [
+            [name, f"{g.memory_gib:.1f} GiB", "yes" if g.bf16 else "no", _bf16_peak(g), g.description]
+            for name, g in gpus.items()
+        ]
+        typer.echo(text_table(["name", "memory", "bf16", "bf16 TFLOPS", "description"], rows, right={1, 2, 3}))
         return
     models = model_presets()
     if as_json:
@@ -51,15 +52,21 @@ def presets(
             json.dumps({name: {**asdict(m), "parameters": m.parameter_count()} for name, m in models.items()}, indent=2)
         )
         return
-    typer.echo(
-        f"{'name':<16} {'family':<9} {'params':>9} {'layers':>6} {'hidden':>6} {'heads':>5} {'kv':>3} {'vocab':>7}"
-    )
-    for name, m in models.items():
-        typer.echo(
-            f"{name:<16} {m.family:<9} {m.parameter_count() / 1e9:>8.2f}B {m.num_layers:>6} {m.hidden_size:>6} "
-            f"{m.num_attention_heads:>5} {m.num_key_value_heads:>3} {m.vocab_size:>7}"
-        )
-
+    rows = [
+        [
+            name,
+            m.family,
+            f"{m.parameter_count() / 1e9:.2f}B",
+            str(m.num_layers),
+            str(m.hidden_size),
+            str(m.num_attention_heads),
+            str(m.num_key_value_heads),
+            str(m.vocab_size),
+        ]
+        for name, m in models.items()
+    ]
+    header = ["name", "family", "params", "layers", "hidden", "heads", "kv", "vocab"]
+    typer.echo(text_table(header, rows, right=set(range(2, len(header)))))
 
 def _bf16_peak(gpu: GpuSpec) -> str:
     """The bf16 TFLOPS cell: '-' for a GPU without bf16, never another precision's peak.

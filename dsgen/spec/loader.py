@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -191,14 +192,18 @@ class _SpecBuilder:
 
             shape = get_model(block["preset"], path="model.preset", location=self.source.location(("model", "preset")))
         elif kind == "hf_config":
-            from dsgen.catalog.hf_config import shape_from_hf_config
+            from dsgen.catalog.hf_config import AssumptionWarning, shape_from_hf_config
 
             config_file = self.base_dir / block["hf_config"]
             if not (
                 config_file / "config.json" if config_file.is_dir() else config_file
             ).is_file():  # a file or a model folder
                 raise self.fail(("model", "hf_config"), f"file not found: {config_file}")
-            shape = shape_from_hf_config(config_file, name=name)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", AssumptionWarning)
+                shape = shape_from_hf_config(config_file, name=name)
+            # what the reader assumed travels with the spec, into the text output and --json's notes
+            self.notes.extend(str(w.message) for w in caught if issubclass(w.category, AssumptionWarning))
         else:
             shape = self.architecture(block["architecture"], name or "custom")
         if name and shape.name != name:
