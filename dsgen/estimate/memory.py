@@ -10,6 +10,7 @@ docs/memory-model.md documents every term and its source.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.estimate.activations import estimate_activations
@@ -297,8 +298,14 @@ def pinned_rounding_bytes(shape: ModelShape, plan: Plan) -> int:
     if plan.offload_param == "cpu":
         flat = w * layout.partition
         extra += pinned(flat) - flat
-        extra += sum(pinned(w * -(-t // n)) for t in parameter_tensors(shape))
+        extra += _pinned_parameter_partitions(shape, w, n)
     return extra
+
+
+@lru_cache(maxsize=256)  # a property of the model, precision and data-parallel size
+def _pinned_parameter_partitions(shape: ModelShape, w: int, n: int) -> int:
+    """Pinned host bytes of every parameter's own partition, each rounded by :func:`pinned`."""
+    return sum(pinned(w * -(-t // n)) for t in parameter_tensors(shape))
 
 
 def nvme_optimizer_host_bytes(shape: ModelShape, plan: Plan, optimizer: str) -> int:

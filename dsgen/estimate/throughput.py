@@ -8,6 +8,7 @@ are per optimizer step.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from math import prod
 
 from dsgen.catalog.model_shape import ModelShape
@@ -114,6 +115,7 @@ def exposed_communication_s(shape: ModelShape, plan: Plan, hardware: Hardware, c
     return exposed + collective_latency_s(shape, plan, hardware) if plan.data_parallel_size > 1 else exposed
 
 
+@lru_cache(maxsize=256)  # a property of the model and one knob, asked for every candidate
 def zero3_fetched_modules(shape: ModelShape, persistence_threshold: int) -> int:
     """Modules ZeRO-3 fetches in one pass: one per weight matrix (Linear, Embedding; a bias rides
     with its weight) larger than ``stage3_param_persistence_threshold`` (smaller parameters stay
