@@ -749,7 +749,7 @@ PRESET_CONFIGS["llama-4-scout"] = (
             "num_experts_per_tok": 1,
             "interleave_moe_layer_step": 1,
             "vocab_size": 202048,
-            "max_position_embeddings": 10485760,
+            "max_position_embeddings": 262144,
             "tie_word_embeddings": False,
             "attention_chunk_size": 8192,
         },
