@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from dsgen.catalog.model_shape import ModelShape
+from dsgen.catalog.model_shape import TRAIT_FAMILIES, ModelShape
 from dsgen.units import FP32
 
 INT64 = 8
@@ -238,36 +238,12 @@ _FP32_WEIGHT_NORM = frozenset({"olmo2", "olmo3", "gpt_oss", "gemma3_text"})
 # Families whose two norms come after attention and after the MLP (Olmo2DecoderLayer): the layer
 # input and the residual sum are what the projections save, and the norm outputs feed residual adds.
 _POST_NORM = frozenset({"olmo2", "olmo3"})
+# Families with a second rotary table (other base) for their sliding-window layers.
+_LOCAL_ROPE = frozenset({"gemma3_text", "olmo3"})
 # MoE routers (the tensors before the experts, per token): deepseek_v3 and glm4_moe score in fp32 on
 # an fp32 copy of the input with a sigmoid, gather the top-k scores and renormalise them, and weight
 # each routed copy in fp32; the Qwen/OLMoE blocks take an fp32 softmax and weight in the compute dtype.
-# Families with a second rotary table (other base) for their sliding-window layers.
-_LOCAL_ROPE = frozenset({"gemma3_text", "olmo3"})
 _SIGMOID_ROUTER = frozenset({"deepseek_v3", "deepseek_v2", "glm4_moe"})
-MODERN_FAMILIES = frozenset(
-    {
-        "qwen3",
-        "qwen3_moe",
-        "qwen2_moe",
-        "gemma3_text",
-        "llama4_text",
-        "deepseek_v2",
-        "deepseek_v3",
-        "gpt_oss",
-        "glm4_moe",
-        "olmo2",
-        "olmo3",
-        "olmoe",
-        "smollm3",
-        "granite",
-        "starcoder2",
-        "cohere2",
-        "falcon",
-        "internlm3",
-        "seed_oss",
-        "ernie4_5",
-    }
-)
 
 
 def _norm(width: int, rows: int, e: int, fp32_weight: bool, output_saved: bool) -> int:
@@ -474,7 +450,7 @@ def estimate_activations(
     """
     b, s, e = micro_batch_size, sequence_length, dtype_bytes
     selective = selective and not checkpointing
-    if shape.family in MODERN_FAMILIES or _has_modern_traits(shape):
+    if shape.family in TRAIT_FAMILIES or _has_modern_traits(shape):
         return _estimate_modern(shape, b, s, e, attention, checkpointing, selective)
     linear, quadratic = _per_layer(shape, e, attention, b)
     per_layer = b * s * (linear + quadratic * s)
