@@ -107,21 +107,21 @@ def test_sweep_publish_failure_restores_the_old_output(
 ) -> None:
     sweep = _sweep_file(tmp_path)
     out = tmp_path / "runs"
-    out.mkdir()
-    (out / "keep.txt").write_text("old")
-    real_rename = pathlib.Path.rename
+    assert run_cli(["sweep", str(sweep), "-o", str(out)], capsys).exit_code == 0
+    before = (out / "manifest.jsonl").read_text()
+    real_rename = os.rename
 
-    def rename(self: Path, target: str | os.PathLike[str]) -> Path:
-        if Path(target) == out and self.name.startswith(".runs.") and ".old." not in self.name:
-            raise OSError(errno.EBUSY, "Device or resource busy", str(self))
-        return real_rename(self, target)
+    def rename(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        if Path(dst) == out and ".dsgen-staging-" in Path(src).name:
+            raise OSError(errno.EBUSY, "Device or resource busy", str(src))
+        real_rename(src, dst)
 
-    monkeypatch.setattr(pathlib.Path, "rename", rename)
+    monkeypatch.setattr("dsgen.output.os.rename", rename)
     result = run_cli(["sweep", str(sweep), "-o", str(out), "--force"], capsys)
     assert result.exit_code == 2
     assert f"error: cannot write {out}: Device or resource busy" in result.stderr
     _no_traceback(result.stderr)
-    assert (out / "keep.txt").read_text() == "old", "the previous output must be put back"
+    assert (out / "manifest.jsonl").read_text() == before, "the previous output must be put back"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs", "src"], "no staging or retired directory"
 
 

@@ -103,9 +103,16 @@ def test_existing_output_needs_force_and_dry_run_writes_nothing(tmp_path: Path, 
     dry = run_cli(["sweep", str(sweep), "--dry-run"], capsys)
     assert dry.exit_code == 0 and "llama-3.2-1b-s4096-n2" in dry.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["base.yaml", "runs", "sweep.yaml"]
+    # --force never deletes a directory of the user's own files (issue 14) ...
     forced = run_cli(["sweep", str(sweep), "-o", str(out), "--force"], capsys)
-    assert forced.exit_code == 0
-    assert not (out / "keep.txt").exists() and (out / "manifest.jsonl").exists()
+    assert forced.exit_code == 2 and "not a directory dsgen wrote" in forced.stderr
+    assert (out / "keep.txt").read_text() == "old"
+    # ... but replaces a previous sweep's output
+    (out / "keep.txt").unlink()
+    out.rmdir()
+    assert run_cli(["sweep", str(sweep), "-o", str(out)], capsys).exit_code == 0
+    forced = run_cli(["sweep", str(sweep), "-o", str(out), "--force"], capsys)
+    assert forced.exit_code == 0 and (out / "manifest.jsonl").exists()
 
 
 def test_infeasible_runs_are_recorded(tmp_path: Path, capsys) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.errors import DsgenError, Location
+from dsgen.inputs import read_text
 
 _UNSET: Any = object()
 
@@ -288,18 +289,15 @@ def shape_from_hf_config(path: Path, *, name: str | None = None) -> ModelShape:
     """
     file = path / "config.json" if path.is_dir() else path
     location = Location(str(file))
-    try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise DsgenError(f"cannot read the file: {exc.strerror or exc}", location=location) from exc
-    except UnicodeDecodeError as exc:
-        raise DsgenError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", location=location) from exc
+    text = read_text(file, "")  # a bounded regular file (dsgen.inputs)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DsgenError(
             f"invalid JSON: {exc.msg} (column {exc.colno})", location=Location(str(file), exc.lineno)
         ) from exc
+    except ValueError as exc:  # an integer over Python's 4,300-digit conversion limit
+        raise DsgenError(f"invalid JSON: {exc}", location=location) from None
     except RecursionError:
         raise DsgenError("invalid JSON: nested too deeply to be a model config", location=location) from None
     if not isinstance(data, dict):

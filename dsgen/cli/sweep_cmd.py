@@ -6,7 +6,6 @@ import csv
 import io
 import json
 import os
-import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -36,6 +35,9 @@ def sweep(
         bool, typer.Option("--fail-on-infeasible", help="Exit 3 if any run has no feasible plan.")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: print the manifest rows as JSON.")] = False,
+    max_runs: Annotated[
+        int, typer.Option("--max-runs", min=1, help="Refuse sweeps that expand to more runs than this.")
+    ] = 10_000,
 ) -> None:
     """Expand a sweep (grid x zip over a base spec) and solve, render and validate every run."""
     from dsgen.sweep import load_sweep, manifest_row, run_sweep
@@ -45,7 +47,7 @@ def sweep(
     if output is not None and not dry_run:
         with _writing(output):
             _check_output(output, force, sweep_file)
-    plan = load_sweep(sweep_file)
+    plan = load_sweep(sweep_file, max_runs=max_runs)
     progress = _Progress(len(plan.runs))
     if dry_run:
         outcomes = list(run_sweep(plan, progress))
@@ -58,31 +60,20 @@ def sweep(
         _finish(rows, None, fail_on_infeasible)
         return
     assert output is not None
-    with _writing(output):
-        staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-    try:
-        with _writing(output):
-            mask = os.umask(0)
-            os.umask(mask)
-            staging.chmod(0o777 & ~mask)  # mkdtemp creates 0700; the published directory gets the usual mode
-        rows = []
-        for outcome in run_sweep(plan, progress):
-            written = []
-            if outcome.rendered is not None:
-                with _writing(output):
-                    run_dir = staging / outcome.run.name
-                    run_dir.mkdir()
-                    (run_dir / "ds_config.json").write_text(outcome.rendered.text, encoding="utf-8")
-                written.append(f"{outcome.run.name}/ds_config.json")
-            rows.append(manifest_row(plan, outcome, written))
-        progress.close()
-        with _writing(output):
-            (staging / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-            (staging / "manifest.csv").write_text(_csv(rows, plan.varied_keys), encoding="utf-8")
-            _publish(staging, output)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    from dsgen.output import publish_directory
+
+    rows = []
+    files: dict[str, str] = {}
+    for outcome in run_sweep(plan, progress):
+        written = []
+        if outcome.rendered is not None:
+            files[f"{outcome.run.name}/ds_config.json"] = outcome.rendered.text
+            written.append(f"{outcome.run.name}/ds_config.json")
+        rows.append(manifest_row(plan, outcome, written))
+    progress.close()
+    files["manifest.jsonl"] = "".join(json.dumps(r) + "\n" for r in rows)
+    files["manifest.csv"] = _csv(rows, plan.varied_keys)
+    publish_directory(output, files, force=force)  # atomic, exclusive, --force only over dsgen's output
     _finish(rows, output, fail_on_infeasible)
 
 
@@ -125,31 +116,12 @@ def _check_output(output: Path, force: bool, sweep_file: Path) -> None:
             f"{output} contains the sweep file {sweep_file}; replacing it would delete the sweep",
             hint="write the runs to a directory of their own, e.g. -o runs/",
         )
-    if output.exists() and not force:
-        raise DsgenError(f"{output} already exists", hint="pass --force to replace it")
-    if output.exists() and not output.is_dir():
-        raise DsgenError(f"{output} exists and is not a directory")
+    from dsgen.output import check_directory_destination
+
+    check_directory_destination(output, force=force)
     if not output.parent.is_dir():
         raise DsgenError(f"parent directory does not exist: {output.parent}")
-
-
-def _publish(staging: Path, output: Path) -> None:
-    """Move the finished staging directory into place; an old one is removed only afterwards.
-
-    If the final rename fails, the old directory is put back, so a failed sweep changes nothing.
-    """
-    if output.exists():
-        retired = Path(tempfile.mkdtemp(prefix=f".{output.name}.old.", dir=output.parent))
-        retired.rmdir()
-        output.rename(retired)
-        try:
-            staging.rename(output)
-        except OSError:
-            retired.rename(output)
-            raise
-        shutil.rmtree(retired, ignore_errors=True)
-    else:
-        staging.rename(output)
+    os.rmdir(tempfile.mkdtemp(prefix=f".{output.name}.probe-", dir=output.parent))  # writable? fail before solving
 
 
 def _finish(rows: list[dict[str, Any]], output: Path | None, fail_on_infeasible: bool) -> None:
