@@ -29,6 +29,12 @@ from dsgen.inputs import read_text
 _UNSET: Any = object()
 
 
+#: Largest integer read from a config.json, the bound the spec schema puts on model dimensions.
+MAX_INTEGER = 2**53
+#: Most layers a model may have (the spec schema's bound on model.architecture.num_layers).
+MAX_LAYERS = 10_000
+
+
 class _Config:
     """Typed access to one parsed ``config.json``, raising :class:`DsgenError` that names the key."""
 
@@ -61,6 +67,8 @@ class _Config:
             raise self.error(key, f"expected an integer, got {value!r}")
         if value < minimum:
             raise self.error(key, f"must be at least {minimum}, got {value}")
+        if value > MAX_INTEGER:  # issue 14: absurd sizes overflowed the float arithmetic
+            raise self.error(key, f"must be at most 2**53, got an integer of {value.bit_length()} bits")
         return value
 
     def boolean(self, key: str, default: bool) -> bool:
@@ -315,4 +323,8 @@ def shape_from_hf_config(path: Path, *, name: str | None = None) -> ModelShape:
             f"unsupported model_type {model_type!r}; supported: {supported}",
             hint="describe the model with model.architecture instead",
         )
-    return reader(cfg, name or file.resolve().parent.name)
+    shape = reader(cfg, name or file.resolve().parent.name)
+    if shape.num_layers > MAX_LAYERS:  # issue 14: the per-layer tensor list grows with it
+        key = next((k for k in ("num_hidden_layers", "n_layer", "num_layers") if k in data), "num_hidden_layers")
+        raise cfg.error(key, f"must be at most {MAX_LAYERS:,}, got {shape.num_layers}")
+    return shape
