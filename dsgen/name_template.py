@@ -13,6 +13,7 @@ solved: its characters, its length, and the names dsgen itself writes.
 
 from __future__ import annotations
 
+import functools
 import operator
 import re
 import signal
@@ -36,6 +37,12 @@ MAX_VALUE_SIZE = 4096
 #: Calls (filters, functions, macros) one rendering may make.
 MAX_CALLS = 10_000
 
+#: Filters whose numeric arguments are output sizes.
+_SIZING_FILTERS = frozenset({"center", "indent", "truncate", "wordwrap", "batch", "slice"})
+#: Functions and methods whose numeric arguments are output sizes.
+_SIZING_CALLS = frozenset({"safe_range", "range", "ljust", "rjust", "center", "zfill", "expandtabs"})
+#: A printf or str.format width/precision of four or more digits ('%09999d', '{:>99999}').
+_WIDE_FORMAT = re.compile(r"[%:][^%{}:]*?\d{4}")
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]*$")
 MANIFEST_JSONL = "manifest.jsonl"
 MANIFEST_CSV = "manifest.csv"
@@ -59,6 +66,32 @@ class _LimitedEnvironment(SandboxedEnvironment):
     def __init__(self) -> None:
         super().__init__(undefined=StrictUndefined, autoescape=False)
         self.calls = 0
+        # filters are called directly by the compiled template, not through call(): wrap them
+        self.globals.pop("lipsum", None)  # lipsum(n) writes n paragraphs
+        self.filters = {name: self._bounded(func, name in _SIZING_FILTERS) for name, func in self.filters.items()}
+
+    def _bounded(self, func: Callable[..., Any], sizing: bool) -> Callable[..., Any]:
+        @functools.wraps(func)  # keeps jinja_pass_arg (context/environment filters)
+        def bounded(*args: Any, **kwargs: Any) -> Any:
+            self._check_call(args, kwargs, sizing=sizing)
+            result = func(*args, **kwargs)
+            if _size(result) > MAX_VALUE_SIZE:
+                raise _TemplateLimit(f"a filter built a value longer than {MAX_VALUE_SIZE} items")
+            return result
+
+        return bounded
+
+    def _check_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], *, sizing: bool) -> None:
+        """Count the call; with ``sizing`` (a call whose numbers are output sizes: center, indent,
+        range, str.ljust, ...) refuse numbers over :data:`MAX_VALUE_SIZE`."""
+        self.calls += 1
+        if self.calls > MAX_CALLS:
+            raise _TemplateLimit(f"more than {MAX_CALLS:,} calls (a recursive macro?)")
+        for value in (*args, *kwargs.values()):
+            if sizing and isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_VALUE_SIZE:
+                raise _TemplateLimit(f"calls with numbers over {MAX_VALUE_SIZE} are not allowed")
+            if isinstance(value, str) and _WIDE_FORMAT.search(value):
+                raise _TemplateLimit("format widths of 1000 or more are not allowed")
 
     def call_binop(self, context: Any, operator_name: str, left: Any, right: Any) -> Any:
         if operator_name == "*":
@@ -74,16 +107,22 @@ class _LimitedEnvironment(SandboxedEnvironment):
             if isinstance(left, int) and left.bit_length() > 256:
                 raise _TemplateLimit("'**' on integers this large is not allowed")
             return operator.pow(left, right)
-        result = operator.mod(left, right)  # '%': string formatting can pad to any width
+        if isinstance(left, str) and _WIDE_FORMAT.search(left):  # '%099999999d' % 1 pads to any width
+            raise _TemplateLimit("format widths of 1000 or more are not allowed")
+        result = operator.mod(left, right)
         if _size(result) > MAX_VALUE_SIZE:
             raise _TemplateLimit(f"'%' built a value longer than {MAX_VALUE_SIZE} characters")
         return result
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
-        __self.calls += 1
-        if __self.calls > MAX_CALLS:
-            raise _TemplateLimit(f"more than {MAX_CALLS:,} calls (a recursive macro?)")
-        return super().call(__context, __obj, *args, **kwargs)
+        # the sandbox wraps str.format at attribute access; __wrapped__ is the bound method
+        bound_to = getattr(getattr(__obj, "__wrapped__", __obj), "__self__", None)  # "{:>9999}".format(...)
+        sizing = getattr(__obj, "__name__", "") in _SIZING_CALLS
+        __self._check_call((bound_to, *args), kwargs, sizing=sizing)
+        result = super().call(__context, __obj, *args, **kwargs)
+        if _size(result) > MAX_VALUE_SIZE:
+            raise _TemplateLimit(f"a call built a value longer than {MAX_VALUE_SIZE} items")
+        return result
 
 
 def compile_name_template(text: str, where: Callable[[], Any]) -> Template:

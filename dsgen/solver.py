@@ -436,7 +436,7 @@ def _no_plan_for_pins(spec: Spec) -> DsgenError:
         "activation_checkpointing": c.activation_checkpointing,
     }
     shown = ", ".join(f"{k}: {v}" for k, v in pins.items() if v is not None)
-    if c.offload_optimizer == "nvme" and (c.zero_stage is not None and c.zero_stage < 3 or not spec.hardware.nvme):
+    if c.offload_optimizer == "nvme" and ((c.zero_stage is not None and c.zero_stage < 3) or not spec.hardware.nvme):
         why = "optimizer offload to NVMe needs ZeRO-3 and hardware.nvme (ZeRO-1/2 only offload to CPU)"
     elif c.offload_param not in (None, "none") and is_client_optimizer(spec.training.optimizer.type):
         why = (

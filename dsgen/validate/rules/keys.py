@@ -246,10 +246,10 @@ def alias_conflict(ctx: Context) -> None:
     "engine",
     '"auto" where the chosen launcher does not fill it in (anywhere with --target deepspeed); a warning '
     "in sections DeepSpeed parses with pydantic, which run with the default.",
-    'Batch keys: DeepSpeedConfig fails in the batch arithmetic (runtime/config.py _batch_assertion, TypeError). '
+    "Batch keys: DeepSpeedConfig fails in the batch arithmetic (runtime/config.py _batch_assertion, TypeError). "
     'Other dict-based keys keep the string "auto" until code uses it as a number (optimizer and scheduler '
     'constructors at deepspeed.initialize). Pydantic sections drop "auto" (runtime/config_utils.py '
-    "DeepSpeedConfigModel.__init__) and run with the default, e.g. stage \"auto\" means ZeRO-0 (warning).",
+    'DeepSpeedConfigModel.__init__) and run with the default, e.g. stage "auto" means ZeRO-0 (warning).',
 )
 def auto_value(ctx: Context) -> None:
     seen: set[str] = set()
