@@ -156,14 +156,7 @@ def _build(
                     path=format_path(path) or None,
                     location=Location(source.file, line),
                 )
-            try:
-                key = constructor.construct_object(key_node, deep=True)
-            except yaml.constructor.ConstructorError as exc:
-                raise DsgenError(
-                    f"unsupported YAML key: {exc.problem}",
-                    path=format_path(path) or None,
-                    location=Location(source.file, line),
-                ) from None
+            key = _construct(constructor, key_node, "key", path, source)
             if not isinstance(key, str):
                 raise DsgenError(
                     f"keys must be strings, got {key!r}",
@@ -188,17 +181,25 @@ def _build(
             source.lines[child] = item.start_mark.line + 1
             items.append(_build(item, child, source, constructor, open_nodes, budget))
         return items
+    return _construct(constructor, node, "value", path, source)
+
+
+def _construct(constructor: yaml.SafeLoader, node: yaml.Node, what: str, path: KeyPath, source: SourceMap) -> Any:
+    """PyYAML's safe value for a scalar (or a key); whatever it raises is the input's fault."""
     try:
         return constructor.construct_object(node, deep=True)
-    except ValueError:  # an integer too long to convert (Python's 4,300-digit limit)
-        raise DsgenError(
-            "unsupported YAML value: a number too long to read (more than 4,300 digits)",
-            path=format_path(path) or None,
-            location=Location(source.file, node.start_mark.line + 1),
-        ) from None
     except yaml.constructor.ConstructorError as exc:
-        raise DsgenError(
-            f"unsupported YAML value: {exc.problem}",
-            path=format_path(path) or None,
-            location=Location(source.file, node.start_mark.line + 1),
-        ) from None
+        reason = exc.problem or str(exc)
+    except ValueError as exc:
+        reason = (
+            "a number too long to read (more than 4,300 digits)"
+            if "digits" in str(exc)
+            else f"{node.value!r} is not a valid {node.tag.rsplit(':', 1)[-1]}"
+        )
+    except Exception:
+        reason = f"{str(node.value)[:40]!r} is not a valid {node.tag.rsplit(':', 1)[-1]}"
+    raise DsgenError(
+        f"unsupported YAML {what}: {reason}",
+        path=format_path(path) or None,
+        location=Location(source.file, node.start_mark.line + 1),
+    )
