@@ -295,7 +295,10 @@ CASES: dict[str, Case] = {
         "calls with numbers over 4096",
     ),
     "sweep-name-nested-loops": Case(
-        sweep("{% for i in range(4000) %}{% for j in range(4000) %}{% endfor %}{% endfor %}r{{ index }}"),
+        sweep(
+            "{% for i in range(4000) %}{% for j in range(4000) %}{% for k in range(4000) %}"
+            "{% endfor %}{% endfor %}{% endfor %}r{{ index }}"
+        ),
         ["sweep", "sw.yaml", "-o", "out"],
         2,
         "rendering took more than 1 s",
