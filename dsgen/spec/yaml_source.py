@@ -19,6 +19,7 @@ from dsgen.inputs import read_text
 
 KeyPath = tuple[str | int, ...]
 
+_Loader: Any  # yaml.CSafeLoader or yaml.SafeLoader
 try:  # the C loader is several times faster and matters for cold-start time
     _Loader = yaml.CSafeLoader
 except AttributeError:  # pragma: no cover - PyYAML built without libyaml
