@@ -25,6 +25,10 @@ FAILS_AT_INITIALIZE: dict[str, tuple[dict[str, Any], str]] = {
         {**BATCH, "optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-3}}},
         "is not a supported DeepSpeed Optimizer",
     ),
+    "tp-size-mismatch": (
+        {**BATCH, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "tensor_parallel": {"autotp_size": 4}},
+        "AssertionError",  # 1 rank cannot hold a 4-way AutoTP mesh: the device-mesh layout asserts
+    ),
     "max-grad-norm": (
         {**BATCH, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "max_grad_norm": 1.0}}},
         "max_grad_norm",
