@@ -22,6 +22,7 @@ from dsgen.spec.loader import spec_from_data
 from dsgen.spec.types import Spec
 from dsgen.spec.yaml_source import SourceMap
 from dsgen.starter import StarterOptions, write_starter_spec
+from dsgen.sweep import MAX_RUNS
 from dsgen.targets.bundle import Bundle, resolve
 from dsgen.targets.bundle import render_bundle as _render_bundle
 from dsgen.vocabulary import Accounting
@@ -120,6 +121,7 @@ def run_sweep_to(
     *,
     force: bool = False,
     progress: Progress | None = None,
+    max_runs: int = MAX_RUNS,
 ) -> SweepResult:
     """Solve every run of the sweep file at ``path`` and publish them as the directory ``output``.
 
@@ -130,8 +132,8 @@ def run_sweep_to(
     from dsgen.sweep_output import solve_sweep, write_sweep
 
     if output is None:
-        return solve_sweep(load_sweep(path), progress)
-    return write_sweep(path, output, force=force, progress=progress)
+        return solve_sweep(load_sweep(path, max_runs=max_runs), progress)
+    return write_sweep(path, output, force=force, progress=progress, max_runs=max_runs)
 
 
 def render_bundle(

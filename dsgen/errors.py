@@ -21,6 +21,7 @@ class ExitCode(IntEnum):
     FINDINGS = 1  # validation found errors in a config
     BAD_INPUT = 2  # unreadable or invalid input, bad usage
     INFEASIBLE = 3  # no plan fits the hardware
+    INTERNAL = 70  # a bug in dsgen: an unexpected exception (EX_SOFTWARE in BSD's sysexits.h)
     READER_GONE = 141  # stdout's reader went away (``| head``): 128 + SIGPIPE, as a shell reports it
 
 

@@ -200,8 +200,17 @@ def knob_variants(shape: ModelShape, stage: int) -> list[ZeroKnobs]:
     ]
 
 
+#: Micro-batches and accumulation counts are searched among the divisors up to this bound (and
+#: their cofactors), so the search costs the same for a global batch of 64 or of 10**12. A
+#: micro-batch above it (with accumulation above it too) never fits a GPU.
+DIVISOR_SEARCH_LIMIT = 1 << 16
+
+
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """Divisors of ``n``: all of them when ``n <= DIVISOR_SEARCH_LIMIT**2``, else those up to the
+    limit and their cofactors (issue 14: time must not grow with the batch)."""
+    small = [d for d in range(1, min(n, DIVISOR_SEARCH_LIMIT) + 1) if n % d == 0]
+    return sorted(set(small) | {n // d for d in small})
 
 
 @dataclass(frozen=True)
@@ -262,7 +271,14 @@ def _batch_splits(spec: Spec, dp: int, global_batch: int) -> list[tuple[int, int
     c = spec.constraints
     per_rank = global_batch // dp
     splits = []
-    for micro in _divisors(per_rank):
+    if c.micro_batch_size is not None:  # a pin is checked directly, whatever its size
+        candidates = [c.micro_batch_size] if per_rank % c.micro_batch_size == 0 else []
+    elif c.gradient_accumulation_steps is not None:
+        accum = c.gradient_accumulation_steps
+        candidates = [per_rank // accum] if per_rank % accum == 0 else []
+    else:
+        candidates = _divisors(per_rank)
+    for micro in candidates:
         accum = per_rank // micro
         if c.micro_batch_size is not None and micro != c.micro_batch_size:
             continue
@@ -427,6 +443,36 @@ def _is_fully_pinned(spec: Spec) -> bool:
     )
 
 
+def _no_plan_for_pins(spec: Spec) -> DsgenError:
+    """The error for pins that leave nothing to search (issue 14: was ``min()`` of nothing)."""
+    c = spec.constraints
+    pins = {
+        "zero_stage": c.zero_stage,
+        "offload_optimizer": c.offload_optimizer,
+        "offload_param": c.offload_param,
+        "activation_checkpointing": c.activation_checkpointing,
+    }
+    shown = ", ".join(f"{k}: {v}" for k, v in pins.items() if v is not None)
+    if c.offload_optimizer == "nvme" and ((c.zero_stage is not None and c.zero_stage < 3) or not spec.hardware.nvme):
+        why = "optimizer offload to NVMe needs ZeRO-3 and hardware.nvme (ZeRO-1/2 only offload to CPU)"
+    elif c.offload_param not in (None, "none") and is_client_optimizer(spec.training.optimizer):
+        why = (
+            f"parameter offload needs optimizer offload, which DeepSpeed does not do for the client "
+            f"optimizer {spec.training.optimizer.type}"
+        )
+    elif c.offload_param not in (None, "none") and c.zero_stage is not None and c.zero_stage < 3:
+        why = "parameter offload needs ZeRO-3"
+    else:
+        why = "DeepSpeed supports no plan with all of them together"
+    key = next((k for k, v in pins.items() if v is not None), "zero_stage")
+    return DsgenError(
+        f"the pinned constraints ({shown}) leave no plan to search: {why}",
+        path=f"constraints.{key}",
+        location=spec.location(f"constraints.{key}"),
+        hint="unpin one of them and let the solver choose",
+    )
+
+
 def _search(spec: Spec, global_batch: int, accounting: Accounting) -> tuple[list[Evaluation], int]:
     """Evaluate the search space with two safe prunings; return the evaluations kept and the count.
 
@@ -441,6 +487,8 @@ def _search(spec: Spec, global_batch: int, accounting: Accounting) -> tuple[list
     precision = resolve_precision(spec)
     splits = _batch_splits(spec, dp, global_batch)
     variants_by_stage = {stage: knob_variants(spec.model, stage) for stage in range(4)}
+    if next(_structures(spec), None) is None:
+        raise _no_plan_for_pins(spec)
     kept: list[Evaluation] = []
     evaluated = 0
 

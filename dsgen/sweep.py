@@ -11,13 +11,14 @@ import copy
 import itertools
 import multiprocessing as mp
 import os
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dsgen.errors import DsgenError, ExitCode, InfeasibleError
+from dsgen.inputs import read_text
+from dsgen.name_template import compile_name_template, render_name
 from dsgen.render import Rendered
 from dsgen.report import checkpointing_flags, offload_optimizer_ratio
 from dsgen.resources import schema_path
@@ -27,9 +28,8 @@ from dsgen.spec.overrides import set_path
 from dsgen.spec.schema_errors import check_against_schema, show
 from dsgen.spec.yaml_source import KeyPath, SourceMap, load_yaml, read_source
 
-SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]*$")
-MANIFEST_JSONL = "manifest.jsonl"
-MANIFEST_CSV = "manifest.csv"
+#: Most runs a sweep may expand to unless the caller raises the cap (``dsgen sweep --max-runs``).
+MAX_RUNS = 10_000
 
 
 @dataclass(frozen=True)
@@ -65,8 +65,12 @@ class Outcome:
     files: tuple[tuple[str, str], ...] = ()  # the run's files (name, text) for its target and launcher
 
 
-def load_sweep(path: str | Path) -> Sweep:
-    """Read a sweep file, validate it, and expand it into uniquely and safely named runs."""
+def load_sweep(path: str | Path, *, max_runs: int = MAX_RUNS) -> Sweep:
+    """Read a sweep file, validate it, and expand it into uniquely and safely named runs.
+
+    A grid multiplies: a few lines can describe millions of runs, so the count is checked
+    against ``max_runs`` before anything is expanded.
+    """
     file = Path(path)
     data, source = load_yaml(read_source(file, "sweep"), str(file))
     if not isinstance(data, dict):
@@ -76,6 +80,7 @@ def load_sweep(path: str | Path) -> Sweep:
     grid: dict[str, list[Any]] = data.get("grid", {})
     zipped: dict[str, list[Any]] = data.get("zip", {})
     _check_keys(grid, zipped, source)
+    _check_count(grid, zipped, max_runs, source)
     combos = list(itertools.product(*grid.values())) if grid else [()]
     zip_rows = list(zip(*zipped.values(), strict=True)) if zipped else [()]
     runs: list[Run] = []
@@ -111,15 +116,28 @@ def _load_base(base: Any, file: Path, source: SourceMap) -> tuple[dict[str, Any]
         return base, inline, file.parent
     base_file = file.parent / base
     try:
-        text = base_file.read_text(encoding="utf-8")
-    except OSError as exc:
+        text = read_text(base_file, "base spec")
+    except DsgenError as exc:  # missing, not a regular file, too large, not UTF-8
         raise DsgenError(
-            f"cannot read base spec {base_file}: {exc.strerror}", path="base", location=source.location(("base",))
+            f"cannot read base spec {base_file}: {exc.message}", path="base", location=source.location(("base",))
         ) from None
     data, base_source = load_yaml(text, str(base_file))
     if not isinstance(data, dict):
         raise DsgenError("the base spec must be a YAML mapping", location=base_source.location(()))
     return data, base_source, base_file.parent
+
+
+def _check_count(grid: dict[str, list[Any]], zipped: dict[str, list[Any]], max_runs: int, source: SourceMap) -> None:
+    count = len(next(iter(zipped.values()))) if zipped else 1
+    for values in grid.values():
+        count *= len(values)
+    if count > max_runs:
+        raise DsgenError(
+            f"the sweep expands to {count:,} runs, more than the limit of {max_runs:,}",
+            path="grid" if grid else "zip",
+            location=source.location(("grid",) if grid else ("zip",)),
+            hint="vary fewer values, or raise the limit with --max-runs",
+        )
 
 
 def _check_keys(grid: dict[str, list[Any]], zipped: dict[str, list[Any]], source: SourceMap) -> None:
@@ -146,37 +164,14 @@ def _check_keys(grid: dict[str, list[Any]], zipped: dict[str, list[Any]], source
 
 
 def _name_template(text: str, source: SourceMap) -> Any:
-    from jinja2 import StrictUndefined, TemplateSyntaxError
-    from jinja2.sandbox import SandboxedEnvironment
-
-    env = SandboxedEnvironment(undefined=StrictUndefined, autoescape=False)
-    try:
-        return env.from_string(text)
-    except TemplateSyntaxError as exc:
-        raise DsgenError(
-            f"invalid name template: {exc.message}", path="name", location=source.location(("name",))
-        ) from None
+    return compile_name_template(text, lambda: source.location(("name",)))
 
 
 def _render_name(
     template: Any, data: dict[str, Any], varied: tuple[tuple[str, Any], ...], index: int, text: str, source: SourceMap
 ) -> str:
-    from jinja2 import TemplateError
-
-    try:
-        name = template.render(**data, index=index, vars=dict(varied)).strip()
-    except TemplateError as exc:
-        raise DsgenError(
-            f"name template {text!r} failed for run {index}: {exc}", path="name", location=source.location(("name",))
-        ) from None
-    if not SAFE_NAME.fullmatch(name) or ".." in name:
-        raise DsgenError(
-            f"run {index} gets the unsafe directory name {show(name)}",
-            path="name",
-            location=source.location(("name",)),
-            hint="names may use letters, digits and . _ + = - only; no path separators, no '..'",
-        )
-    return name
+    context = {**data, "index": index, "vars": dict(varied)}
+    return render_name(template, context, index, text, lambda: source.location(("name",)))
 
 
 def run_one(sweep: Sweep, run: Run) -> Outcome:

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from dsgen.errors import DsgenError
+from dsgen.name_template import MANIFEST_CSV, MANIFEST_JSONL
 from dsgen.output import cannot_write, check_directory_destination, publish_directory
-from dsgen.sweep import MANIFEST_CSV, MANIFEST_JSONL, Outcome, Sweep, load_sweep, manifest_row, run_sweep
+from dsgen.sweep import MAX_RUNS, Outcome, Sweep, load_sweep, manifest_row, run_sweep
 from dsgen.targets import LAUNCH_FILE
 
 #: Called after each run with its outcome and the number of runs in the sweep.
@@ -121,6 +122,7 @@ def write_sweep(
     *,
     force: bool = False,
     progress: Progress | None = None,
+    max_runs: int = MAX_RUNS,
 ) -> SweepResult:
     """Load, solve and publish the sweep at ``sweep_file`` as the directory ``output``.
 
@@ -128,7 +130,7 @@ def write_sweep(
     """
     file, dest = Path(sweep_file), Path(output)
     check_sweep_destination(dest, file, force=force)
-    sweep = load_sweep(file)
+    sweep = load_sweep(file, max_runs=max_runs)
     files: dict[str, str] = {}
     executable: set[str] = set()
     outcomes, rows = [], []

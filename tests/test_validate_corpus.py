@@ -57,7 +57,16 @@ def test_matches_deepspeed_verdicts(corpus_dir: Path, version: str) -> None:
 def test_every_rejection_is_an_error(corpus_dir: Path) -> None:
     rejected = [r for r in oracle_rows(corpus_dir, "0.19.8") if r["verdict"] == "reject"]
     assert len(rejected) == 69
-    assert all(not check(corpus_dir, row, "0.19").ok for row in rejected)
+    reports = {row["file"]: check(corpus_dir, row, "0.19") for row in rejected}
+    # DeepSpeed refuses aio.use_gds only on a non-CUDA accelerator (the oracle ran on CPU): on the
+    # GPUs the config is written for it loads, so dsgen warns (aio-gds-cuda) instead.
+    missed = [
+        name
+        for name, report in reports.items()
+        if report.ok and not any(f.rule_id == "aio-gds-cuda" for f in report.findings)
+    ]
+    assert missed == []
+    assert sum(report.ok for report in reports.values()) <= 1
 
 
 def test_non_strict_files(corpus_dir: Path) -> None:

@@ -171,7 +171,7 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {
         c(z(2, zenflow={"topk_ratio": 0.05}, **OFFLOAD_CPU), {"optimizer": ADAMW}),
         {},
     ),
-    "hpz-world-size": (c(z(3, zero_hpz_partition_size=16)), c(z(3, zero_hpz_partition_size=8)), {"world_size": 8}),
+    "hpz-world-size": (c(z(3, zero_hpz_partition_size=3)), c(z(3, zero_hpz_partition_size=8)), {"world_size": 8}),
     "allreduce-sum-conflict": (
         c(z(3), {"gradient_allreduce_op": "sum"}),
         c(z(2), {"gradient_allreduce_op": "sum"}),
@@ -197,7 +197,7 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {
     "offload-client-optimizer": (
         c(z(2, **OFFLOAD_CPU)),
         c(z(2, **OFFLOAD_CPU), {"zero_force_ds_cpu_optimizer": False}),
-        {"target": "hf-trainer"},
+        {},
     ),
     "offload-unsupported-optimizer": (
         c(z(2, **OFFLOAD_CPU), {"optimizer": {"type": "Lamb"}}),
@@ -502,9 +502,11 @@ def test_nvme_without_path_only_at_stage_3() -> None:
 
 def test_offload_client_optimizer_fires_at_stage_0() -> None:
     # engine.zero_use_cpu_optimizer() only reads the device, so ZeRO-0 rejects a client optimizer too.
-    report = validate_config(c(z(0, **OFFLOAD_CPU)), target="hf-trainer")
+    report = validate_config(c(z(0, **OFFLOAD_CPU)))
     (finding,) = [f for f in report.findings if f.rule_id == "offload-client-optimizer"]
-    assert finding.severity == "error"
+    assert finding.severity == "warning"
+    # accelerate (and the HF Trainer on it) swaps in DeepSpeed's CPU optimizer: it runs
+    assert "offload-client-optimizer" not in ids(validate_config(c(z(0, **OFFLOAD_CPU)), target="hf-trainer"))
     assert "offload-client-optimizer" not in ids(validate_config(c(z(0, **OFFLOAD_CPU), {"optimizer": ADAMW})))
 
 

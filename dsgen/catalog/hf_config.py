@@ -25,8 +25,15 @@ from typing import Any
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.errors import DsgenError, Location
+from dsgen.inputs import read_text
 
 _UNSET: Any = object()
+
+
+#: Largest integer read from a config.json, the bound the spec schema puts on model dimensions.
+MAX_INTEGER = 2**53
+#: Most layers a model may have (the spec schema's bound on model.architecture.num_layers).
+MAX_LAYERS = 10_000
 
 
 class _Config:
@@ -61,6 +68,8 @@ class _Config:
             raise self.error(key, f"expected an integer, got {value!r}")
         if value < minimum:
             raise self.error(key, f"must be at least {minimum}, got {value}")
+        if value > MAX_INTEGER:  # issue 14: absurd sizes overflowed the float arithmetic
+            raise self.error(key, f"must be at most 2**53, got an integer of {value.bit_length()} bits")
         return value
 
     def boolean(self, key: str, default: bool) -> bool:
@@ -584,18 +593,15 @@ def shape_from_hf_config(path: Path, *, name: str | None = None) -> ModelShape:
     """
     file = path / "config.json" if path.is_dir() else path
     location = Location(str(file))
-    try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise DsgenError(f"cannot read the file: {exc.strerror or exc}", location=location) from exc
-    except UnicodeDecodeError as exc:
-        raise DsgenError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", location=location) from exc
+    text = read_text(file, "")  # a bounded regular file (dsgen.inputs)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DsgenError(
             f"invalid JSON: {exc.msg} (column {exc.colno})", location=Location(str(file), exc.lineno)
         ) from exc
+    except ValueError as exc:  # an integer over Python's 4,300-digit conversion limit
+        raise DsgenError(f"invalid JSON: {exc}", location=location) from None
     except RecursionError:
         raise DsgenError("invalid JSON: nested too deeply to be a model config", location=location) from None
     if not isinstance(data, dict):
@@ -610,11 +616,14 @@ def shape_from_hf_config(path: Path, *, name: str | None = None) -> ModelShape:
         raise cfg.error("model_type", f"expected a string, got {model_type!r}")
     name = name or file.resolve().parent.name
     if isinstance(data.get("text_config"), dict):
-        return _multimodal(cfg, model_type, name)
-    reader = _READERS.get(model_type)
-    if reader is not None:
-        return reader(cfg, name)
-    return _by_traits(cfg, model_type, name, supported)
+        shape = _multimodal(cfg, model_type, name)
+    else:
+        reader = _READERS.get(model_type)
+        shape = reader(cfg, name) if reader is not None else _by_traits(cfg, model_type, name, supported)
+    if shape.num_layers > MAX_LAYERS:  # issue 14: the per-layer tensor list grows with it
+        key = next((k for k in ("num_hidden_layers", "n_layer", "num_layers") if k in data), "num_hidden_layers")
+        raise cfg.error(key, f"must be at most {MAX_LAYERS:,}, got {shape.num_layers}")
+    return shape
 
 
 class AssumptionWarning(UserWarning):

@@ -122,8 +122,21 @@ def main() -> None:
     Usage errors (unknown option, missing argument) are reported by typer itself with exit code 2;
     typer.Exit carries the command's own exit code.
     """
+    debug = "--debug" in sys.argv[1:]  # any unexpected exception: its traceback instead of one line
+    if debug:
+        sys.argv = [arg for arg in sys.argv if arg != "--debug"]
     try:
         build_app(sys.argv[1:])(prog_name="dsgen")
     except DsgenError as exc:
         print(f"error: {exc.render()}", file=sys.stderr)
         sys.exit(int(exc.exit_code))
+    except Exception as exc:  # a bug in dsgen, not the user's mistake: one line, its own exit code
+        if debug:
+            raise
+        detail = " ".join(str(exc).split())[:200]
+        print(
+            f"error: internal error: {type(exc).__name__}{': ' + detail if detail else ''} "
+            f"(a bug in dsgen; rerun with --debug for the traceback)",
+            file=sys.stderr,
+        )
+        sys.exit(int(ExitCode.INTERNAL))

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from dsgen.errors import DsgenError, ExitCode
+from dsgen.sweep import MAX_RUNS
 
 if TYPE_CHECKING:
     from dsgen.sweep import Outcome
@@ -34,6 +35,11 @@ def sweep(
         bool, typer.Option("--fail-on-infeasible", help="Exit 3 if any run has no feasible plan.")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: print the manifest rows as JSON.")] = False,
+    max_runs: Annotated[
+        int, typer.Option(
+            "--max-runs", min=1, help="Refuse sweeps that expand to more runs than this.", metavar="N"
+        )
+    ] = MAX_RUNS,
 ) -> None:
     """Expand a sweep (grid x zip over a base spec) and solve, render and validate every run."""
     from dsgen.api import run_sweep_to
@@ -43,7 +49,9 @@ def sweep(
         raise DsgenError("missing --output DIR (or use --dry-run)")
     progress = _Progress()
     try:
-        result = run_sweep_to(sweep_file, None if dry_run else output, force=force, progress=progress)
+        result = run_sweep_to(
+            sweep_file, None if dry_run else output, force=force, progress=progress, max_runs=max_runs
+        )
     finally:
         progress.close()
     if dry_run:

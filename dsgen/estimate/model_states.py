@@ -161,7 +161,14 @@ def zero12_gradient_buffer(shape: ModelShape, ranks: int) -> int:
     starts = [end - n for end, n in zip(ends, tensors, strict=True)]
     size = zero12_partition(shape, ranks)
     largest = 0
-    for rank in range(ranks):
+    # Only ranks whose slice holds a tensor start, or begins inside a tensor, can be the worst: at
+    # most two per tensor, so the loop does not grow with the rank count (issue 14: 2**53 GPUs).
+    candidates = set()
+    for start, end in zip(starts, ends, strict=True):
+        candidates.add(start // size)
+        if (start // size + 1) * size < end:
+            candidates.add(start // size + 1)
+    for rank in sorted(r for r in candidates if r < ranks):
         lo, hi = rank * size, (rank + 1) * size
         first = bisect_right(starts, lo) - 1  # the tensor holding element lo, if any
         if first < 0 or ends[first] <= lo:

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
-
 from dsgen.errors import DsgenError, Location
-from dsgen.spec.yaml_source import KeyPath, SourceMap
+from dsgen.spec.yaml_source import KeyPath, SourceMap, load_yaml
 
 MODEL_SOURCES = ("preset", "hf_config", "architecture")
 
@@ -34,17 +32,23 @@ def set_path(data: dict[str, Any], path: KeyPath, value: Any, origin: str) -> No
     node[path[-1]] = value
 
 
+def _short(item: str, width: int = 80) -> str:
+    """``item`` quoted, cut to ``width`` characters (a --set value can be megabytes long)."""
+    return repr(item) if len(item) <= width else repr(item[: width - 3] + "...")
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...], source: SourceMap) -> None:
     """Set each ``a.b.c=value`` in ``data`` in place; values are parsed as YAML scalars/flows."""
     for item in overrides:
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or not key or any(not part for part in key.split(".")):
-            raise DsgenError(f"--set {item!r}: expected KEY.PATH=VALUE, e.g. training.sequence_length=8192")
+            raise DsgenError(f"--set {_short(item)}: expected KEY.PATH=VALUE, e.g. training.sequence_length=8192")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError as exc:
-            raise DsgenError(f"--set {item!r}: value is not valid YAML ({exc})") from None
+            # the spec's own YAML reader: the same bounds on aliases, integers and tags
+            value = load_yaml(raw, "--set")[0] if raw.strip() else ""
+        except DsgenError as exc:
+            raise DsgenError(f"--set {_short(item)}: value is not valid: {exc.message}") from None
         parts = tuple(key.split("."))
-        set_path(data, parts, value, f"--set {item!r}")
+        set_path(data, parts, value, f"--set {_short(item)}")
         source.overridden[parts] = Location(file="--set")

@@ -15,11 +15,13 @@ from typing import Any
 import yaml
 
 from dsgen.errors import DsgenError, Location
+from dsgen.inputs import read_text
 
 KeyPath = tuple[str | int, ...]
 
+_Loader: Any  # yaml.CSafeLoader or yaml.SafeLoader
 try:  # the C loader is several times faster and matters for cold-start time
-    _Loader: type[yaml.SafeLoader] | type[yaml.CSafeLoader] = yaml.CSafeLoader
+    _Loader = yaml.CSafeLoader
 except AttributeError:  # pragma: no cover - PyYAML built without libyaml
     _Loader = yaml.SafeLoader
 
@@ -79,13 +81,9 @@ def format_path(path: KeyPath) -> str:
 
 
 def read_source(path: Path, what: str) -> str:
-    """The text of a spec or sweep file, or a :class:`DsgenError` naming ``what`` could not be read."""
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DsgenError(f"{what} file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DsgenError(f"cannot read {what} file {path}: {exc}") from None
+    """The text of a spec or sweep file (a bounded regular file, see :mod:`dsgen.inputs`), or a
+    :class:`DsgenError` naming ``what`` could not be read."""
+    return read_text(path, what)
 
 
 def load_yaml(text: str, file: str | None) -> tuple[Any, SourceMap]:
@@ -104,17 +102,43 @@ def load_yaml(text: str, file: str | None) -> tuple[Any, SourceMap]:
         return None, source
     source.lines[()] = node.start_mark.line + 1
     constructor = yaml.SafeLoader("")  # only used to construct scalars safely
-    return _build(node, (), source, constructor, frozenset()), source
+    return _build(node, (), source, constructor, frozenset(), _Budget()), source
 
 
 MERGE_TAG = "tag:yaml.org,2002:merge"
 
+#: Most values one YAML document may expand to. Aliases let a few hundred bytes stand for
+#: billions of values (the "billion laughs" bomb); a real spec or sweep has a few hundred.
+MAX_YAML_VALUES = 100_000
+
+
+class _Budget:
+    """Counts the values built so far, so alias expansion stops at :data:`MAX_YAML_VALUES`."""
+
+    def __init__(self) -> None:
+        self.left = MAX_YAML_VALUES
+
+    def spend(self, path: KeyPath, node: yaml.Node, source: SourceMap) -> None:
+        self.left -= 1
+        if self.left < 0:
+            raise DsgenError(
+                f"the YAML expands to more than {MAX_YAML_VALUES:,} values (aliases repeating aliases?)",
+                path=format_path(path) or None,
+                location=Location(source.file, node.start_mark.line + 1),
+            )
+
 
 def _build(
-    node: yaml.Node, path: KeyPath, source: SourceMap, constructor: yaml.SafeLoader, open_nodes: frozenset[int]
+    node: yaml.Node,
+    path: KeyPath,
+    source: SourceMap,
+    constructor: yaml.SafeLoader,
+    open_nodes: frozenset[int],
+    budget: _Budget,
 ) -> Any:
     """Plain data for ``node``; ``open_nodes`` are the collections being built above it (an alias
-    back to one of them would make the data infinite)."""
+    back to one of them would make the data infinite); ``budget`` bounds the values built."""
+    budget.spend(path, node, source)
     if isinstance(node, yaml.MappingNode | yaml.SequenceNode):
         if id(node) in open_nodes:
             raise DsgenError(
@@ -133,14 +157,7 @@ def _build(
                     path=format_path(path) or None,
                     location=Location(source.file, line),
                 )
-            try:
-                key = constructor.construct_object(key_node, deep=True)
-            except yaml.constructor.ConstructorError as exc:
-                raise DsgenError(
-                    f"unsupported YAML key: {exc.problem}",
-                    path=format_path(path) or None,
-                    location=Location(source.file, line),
-                ) from None
+            key = _construct(constructor, key_node, "key", path, source)
             if not isinstance(key, str):
                 raise DsgenError(
                     f"keys must be strings, got {key!r}",
@@ -156,26 +173,34 @@ def _build(
                     location=Location(source.file, line),
                 )
             source.lines[child] = line
-            result[key] = _build(value_node, child, source, constructor, open_nodes)
+            result[key] = _build(value_node, child, source, constructor, open_nodes, budget)
         return result
     if isinstance(node, yaml.SequenceNode):
         items = []
         for index, item in enumerate(node.value):
             child = (*path, index)
             source.lines[child] = item.start_mark.line + 1
-            items.append(_build(item, child, source, constructor, open_nodes))
+            items.append(_build(item, child, source, constructor, open_nodes, budget))
         return items
+    return _construct(constructor, node, "value", path, source)
+
+
+def _construct(constructor: yaml.SafeLoader, node: yaml.Node, what: str, path: KeyPath, source: SourceMap) -> Any:
+    """PyYAML's safe value for a scalar (or a key); whatever it raises is the input's fault."""
     try:
         return constructor.construct_object(node, deep=True)
-    except ValueError as exc:  # e.g. an integer too long to convert (Python's 4,300-digit limit)
-        raise DsgenError(
-            f"unsupported YAML value: {exc}",
-            path=format_path(path) or None,
-            location=Location(source.file, node.start_mark.line + 1),
-        ) from None
     except yaml.constructor.ConstructorError as exc:
-        raise DsgenError(
-            f"unsupported YAML value: {exc.problem}",
-            path=format_path(path) or None,
-            location=Location(source.file, node.start_mark.line + 1),
-        ) from None
+        reason = exc.problem or str(exc)
+    except ValueError as exc:
+        reason = (
+            "a number too long to read (more than 4,300 digits)"
+            if "digits" in str(exc)
+            else f"{node.value!r} is not a valid {node.tag.rsplit(':', 1)[-1]}"
+        )
+    except Exception:
+        reason = f"{str(node.value)[:40]!r} is not a valid {node.tag.rsplit(':', 1)[-1]}"
+    raise DsgenError(
+        f"unsupported YAML {what}: {reason}",
+        path=format_path(path) or None,
+        location=Location(source.file, node.start_mark.line + 1),
+    )

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dsgen.errors import DsgenError
+from dsgen.inputs import read_bytes
 from dsgen.jsontypes import escape_pointer_token
 
 Position = tuple[int, int]
@@ -35,6 +36,9 @@ _TOKEN = re.compile(
     r"""|(?P<lit>true|false|null)""",
     re.DOTALL,
 )
+#: Longest integer literal read (DeepSpeed's values fit in 64 bits, 20 digits; Python itself
+#: refuses to convert more than 4,300 digits).
+MAX_INTEGER_DIGITS = 100
 _LITERALS = {"true": True, "false": False, "null": None}
 _END = ("end", "", -1)
 
@@ -146,6 +150,8 @@ class _Parser:
             return self._string(token)
         elif kind == "num":
             if "." not in text and "e" not in text and "E" not in text:
+                if len(text) > MAX_INTEGER_DIGITS:
+                    raise self.fail(f"integer of {len(text)} digits is out of range", offset)
                 return int(text)
             number = float(text)
             if number in (float("inf"), float("-inf")):
@@ -233,9 +239,9 @@ def load(path: str | Path) -> LoadedConfig:
     """Read and parse a config file; unreadable or undecodable files raise :class:`DsgenError`."""
     source = str(path)
     try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise DsgenError(f"{source}: cannot read file: {exc.strerror or exc}") from None
+        raw = read_bytes(path, "")
+    except DsgenError as exc:  # not a regular file, too large, unreadable
+        raise DsgenError(f"{source}: {exc.message}") from None
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

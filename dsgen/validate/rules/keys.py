@@ -138,7 +138,7 @@ def _removed() -> tuple[tuple[str, dict[str, Any]], ...]:
 
 @rule(
     "renamed-key",
-    "error",
+    "warning",
     "lint",
     "Deprecated spelling of a key that has a replacement "
     "(cpu_offload -> offload_optimizer, bfloat16 -> bf16, boolean zero_optimization, ...).",
@@ -244,10 +244,13 @@ def alias_conflict(ctx: Context) -> None:
 @rule(
     "auto-value",
     "error",
-    "lint",
-    '"auto" where the chosen launcher does not fill it in (anywhere with --target deepspeed).',
-    'pydantic sections drop "auto" and use the default (stage "auto" means ZeRO-0); batch keys crash '
-    "with TypeError; other keys keep the string until the optimizer or scheduler receives it.",
+    "engine",
+    '"auto" where the chosen launcher does not fill it in (anywhere with --target deepspeed); a warning '
+    "in sections DeepSpeed parses with pydantic, which run with the default.",
+    "Batch keys: DeepSpeedConfig fails in the batch arithmetic (runtime/config.py _batch_assertion, TypeError). "
+    'Other dict-based keys keep the string "auto" until code uses it as a number (optimizer and scheduler '
+    'constructors at deepspeed.initialize). Pydantic sections drop "auto" (runtime/config_utils.py '
+    'DeepSpeedConfigModel.__init__) and run with the default, e.g. stage "auto" means ZeRO-0 (warning).',
 )
 def auto_value(ctx: Context) -> None:
     seen: set[str] = set()
@@ -272,7 +275,8 @@ def auto_value(ctx: Context) -> None:
             site.pointer,
             f'{name} is "auto", which {launcher} does not resolve: {effect}',
             hint,
-            phase="config" if site.pointer in _BATCH_POINTERS else "lint",
+            severity="warning" if site.pydantic else "error",
+            phase="config" if site.pointer in _BATCH_POINTERS else ("lint" if site.pydantic else "engine"),
         )
 
 

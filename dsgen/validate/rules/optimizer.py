@@ -154,34 +154,31 @@ def max_grad_norm(ctx: Context) -> None:
 
 @rule(
     "offload-client-optimizer",
-    "error",
+    "warning",
     "engine",
-    "Optimizer offload with no optimizer in the config (so the "
-    "training code's optimizer is used) and zero_force_ds_cpu_optimizer not false, at any ZeRO stage (0 too).",
+    "Optimizer offload with no optimizer in the config (so the training code's optimizer is used) and "
+    "zero_force_ds_cpu_optimizer not false, at any ZeRO stage (0 too); only for --target deepspeed.",
     "deepspeed.initialize raises ZeRORuntimeException 'You are using ZeRO-Offload with a client provided "
-    "optimizer ...' unless the client optimizer is DeepSpeedCPUAdam/DeepSpeedCPULion.",
+    "optimizer ...' (runtime/engine.py, _configure_optimizer) unless the client optimizer is "
+    "DeepSpeedCPUAdam/DeepSpeedCPULion. Under the HF Trainer and accelerate it runs: accelerate replaces the "
+    "torch optimizer with DeepSpeed's CPU optimizer (accelerator.py _prepare_deepspeed, "
+    "utils/deepspeed.py map_pytorch_optim_to_deepspeed).",
 )
 def offload_client_optimizer(ctx: Context) -> None:
-    if ctx.has_config_optimizer:
+    if ctx.has_config_optimizer or ctx.target in ("hf-trainer", "accelerate"):
         return  # at any ZeRO stage, stage 0 included: engine.zero_use_cpu_optimizer() only reads the device
     device = ctx.offload_device("offload_optimizer")
     if device not in ("cpu", "nvme") or ctx.config.get("zero_force_ds_cpu_optimizer") is False:
         return
-    # The HF Trainer and accelerate always pass a torch optimizer here; plain DeepSpeed code might
-    # pass DeepSpeedCPUAdam, which is fine, so it is only a warning there.
-    certain = ctx.target in ("hf-trainer", "accelerate")
-    who = (
-        "the HF Trainer creates a torch optimizer"
-        if ctx.target == "hf-trainer"
-        else ("accelerate passes your torch optimizer" if certain else "the training code must pass DeepSpeedCPUAdam")
-    )
+    # Plain DeepSpeed code may pass DeepSpeedCPUAdam, which runs, or a torch optimizer, which fails:
+    # the config alone cannot tell, so a warning.
     ctx.emit(
         "offload-client-optimizer",
         "/zero_optimization/offload_optimizer",
-        f"optimizer offload to {device} without an optimizer section: {who}, and DeepSpeed rejects any client "
-        "optimizer other than DeepSpeedCPUAdam/DeepSpeedCPULion while zero_force_ds_cpu_optimizer is true",
+        f"optimizer offload to {device} without an optimizer section: the training code must pass "
+        "DeepSpeedCPUAdam/DeepSpeedCPULion; DeepSpeed rejects any other client optimizer while "
+        "zero_force_ds_cpu_optimizer is true",
         'add an "optimizer" section (e.g. AdamW), or set "zero_force_ds_cpu_optimizer": false',
-        severity="error" if certain else "warning",
     )
 
 

@@ -322,12 +322,25 @@ def zenflow_offload(ctx: Context) -> None:
     "hpz-world-size",
     "error",
     "engine",
-    "zero_hpz_partition_size does not divide --world-size.",
-    "Process-group creation fails: '{world} is not divisible by {hpz}'.",
+    "zero_hpz_partition_size (at most the world size) does not divide --world-size.",
+    "utils/groups.py _create_zero_param_parallel_group clamps the group to min(hpz, world size), then "
+    "_ensure_divisibility raises '{world} is not divisible by {hpz}'. An hpZ size above the world size "
+    "is clamped and runs (a warning).",
 )
 def hpz_world_size(ctx: Context) -> None:
     hpz = whole(ctx.zero.get("zero_hpz_partition_size"))
     if ctx.world_size is None or hpz is None or hpz <= 1 or ctx.world_size % hpz == 0:
+        return
+    if hpz > ctx.world_size:
+        ctx.emit(
+            "hpz-world-size",
+            "/zero_optimization/zero_hpz_partition_size",
+            f"zero_hpz_partition_size {hpz} is larger than the world size {ctx.world_size}: DeepSpeed clamps "
+            f"the secondary partition to {ctx.world_size} ranks",
+            "use the number of GPUs per node",
+            severity="warning",
+            phase="lint",
+        )
         return
     ctx.emit(
         "hpz-world-size",
