@@ -7,14 +7,13 @@
    ``bench/.venv-llm-analysis``, built on first use with ``pip install llm-analysis "transformers<5"``
    (CPU only: neither package depends on torch); the bench prints how it built or found it.
 2. In-process search for a 70B model on 64 GPUs with every dimension free: under 50 ms.
-3. What the console script (``dsgen._console``) saves over calling ``dsgen.cli.main`` plainly.
 
 The 1,000-run sweep figure (under 10 s) is ``bench/sweep_speed.py``.
 
 Run it with the Python of the environment dsgen is installed in: .venv/bin/python bench/solve_speed.py
 
 It also prints where one cold ``dsgen new`` spends its time (a fresh interpreter that imports and
-runs the steps in turn with the console script's collector settings), and, where valgrind is
+runs the steps in turn), and, where valgrind is
 installed, the instructions one cold run executes, a figure that does not move with the machine's
 load. The development VM runs the same process anywhere from 190 to 330 ms depending on what its
 neighbours do, so every cold sample is taken in interleaved rounds: each command's samples come
@@ -65,11 +64,8 @@ training: {sequence_length: 4096, global_batch_size: 1024}
 
 
 # What every cold dsgen start pays before dsgen's own code runs: the interpreter and the three
-# fixed dependencies, imported with dsgen._console.run's settings (its collector threshold, os._exit).
-FLOOR = (
-    "import gc, os; gc.set_threshold({threshold}, *gc.get_threshold()[1:]); "
-    "import typer, yaml, jinja2, jinja2.sandbox; os._exit(0)"
-)
+# fixed dependencies.
+FLOOR = "import typer, yaml, jinja2, jinja2.sandbox"
 
 
 def cold_rounds(commands: dict[str, list[str]]) -> dict[str, list[float]]:
@@ -108,9 +104,7 @@ def _ms(samples: list[float]) -> str:
 
 
 BREAKDOWN = r"""
-import gc, sys, time
-from dsgen._console import GEN0_THRESHOLD  # imports nothing else of dsgen's
-gc.set_threshold(GEN0_THRESHOLD, *gc.get_threshold()[1:])  # as dsgen._console.run does
+import sys, time
 import dataclasses
 created = [0, 0.0]
 _process_class = dataclasses._process_class
@@ -150,12 +144,6 @@ def breakdown() -> str:
     return f"where a cold dsgen new goes: interpreter start+exit {bare * 1000:.0f} ms, " + done.stdout.strip()
 
 
-# A cold dsgen new without the console script: the interpreter's default collector settings and
-# its ordinary exit (module teardown). The same arguments follow.
-PLAIN_MAIN = "import sys; sys.argv[0] = 'dsgen'; from dsgen.cli import main; main()"
-CONSOLE_MAIN = "import sys; sys.argv[0] = 'dsgen'; from dsgen._console import run; run()"
-
-
 def llm_analysis_python() -> Path:
     """The Python of llm-analysis's own environment, built on first use (see module docstring)."""
     python = LLM_ANALYSIS_VENV / "bin" / "python"
@@ -184,8 +172,6 @@ def _paired_ratio(numerator: list[float], denominator: list[float]) -> float:
 
 
 def main() -> None:
-    from dsgen._console import GEN0_THRESHOLD
-
     llm_python = llm_analysis_python()
     installed_dsgen.warm()
     with tempfile.TemporaryDirectory() as tmp:
@@ -194,18 +180,14 @@ def main() -> None:
         llm_analysis = [str(llm_python), "-m", "llm_analysis.analysis", *LLM_ANALYSIS_PLAN]
         subprocess.run(llm_analysis, capture_output=True, check=True)  # its files into the page cache
         commands = {
-            "floor": [sys.executable, "-c", FLOOR.format(threshold=GEN0_THRESHOLD)],
+            "floor": [sys.executable, "-c", FLOOR],
             "new": new,
             "llm-analysis": llm_analysis,
-            "new, console entry": [sys.executable, "-c", CONSOLE_MAIN, *new_args],
-            "new, plain main()": [sys.executable, "-c", PLAIN_MAIN, *new_args],
         }
         samples = cold_rounds(commands)
         counts = {
             "floor": instructions(commands["floor"]),
             "new": instructions(new),
-            "console": instructions(commands["new, console entry"]),
-            "plain": instructions(commands["new, plain main()"]),
         }
     new_median = statistics.median(samples["new"])
     llm_median = statistics.median(samples["llm-analysis"])
@@ -219,19 +201,12 @@ def main() -> None:
     print(
         f"  the same rounds' floor (python importing typer, PyYAML, Jinja2; nothing of dsgen): {_ms(samples['floor'])}"
     )
-    saved = [p - c for p, c in zip(samples["new, plain main()"], samples["new, console entry"], strict=True)]
-    print(
-        f"console script: dsgen new through dsgen._console {_ms(samples['new, console entry'])}; "
-        f"plain dsgen.cli.main() {_ms(samples['new, plain main()'])}; "
-        f"saving: median of per-round differences {statistics.median(saved) * 1000:.0f} ms"
-    )
     print(breakdown())
     if None not in counts.values():
         counted = {name: count or 0 for name, count in counts.items()}
         print(
             f"instructions (callgrind; independent of machine load): one dsgen new {counted['new'] / 1e6:.0f} M, "
-            f"the floor {counted['floor'] / 1e6:.0f} M, dsgen's own share {(counted['new'] - counted['floor']) / 1e6:.0f} M; "
-            f"through the console entry {counted['console'] / 1e6:.0f} M, plain main() {counted['plain'] / 1e6:.0f} M"
+            f"the floor {counted['floor'] / 1e6:.0f} M, dsgen's own share {(counted['new'] - counted['floor']) / 1e6:.0f} M"
         )
     else:
         print("instructions: not counted (valgrind is not installed)")

@@ -1,5 +1,5 @@
 """``python -m dsgen`` runs the CLI exactly as the ``dsgen`` console script does."""
 
-from dsgen._console import run
+from dsgen.cli import main
 
-run()
+main()

@@ -120,8 +120,30 @@ def main() -> None:
     """Console entry point: run the app, turning :class:`DsgenError` into a message and exit code.
 
     Usage errors (unknown option, missing argument) are reported by typer itself with exit code 2;
-    typer.Exit carries the command's own exit code.
+    typer.Exit carries the command's own exit code. Output still buffered when the command returns
+    is flushed here, so a reader that went away at the very end (``| head -1``) also ends in 141.
     """
+    try:
+        _main()
+    except SystemExit as exc:
+        if not _stdout_flushed() and not exc.code:
+            raise SystemExit(int(ExitCode.READER_GONE)) from None
+        raise
+    if not _stdout_flushed():
+        sys.exit(int(ExitCode.READER_GONE))
+
+
+def _stdout_flushed() -> bool:
+    """Flush stdout; False (and stdout pointed at /dev/null) when its reader has gone away."""
+    try:
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError):
+        _silence_stdout()
+        return False
+    return True
+
+
+def _main() -> None:
     debug = "--debug" in sys.argv[1:]  # any unexpected exception: its traceback instead of one line
     if debug:
         sys.argv = [arg for arg in sys.argv if arg != "--debug"]
