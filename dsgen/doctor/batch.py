@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dsgen.doctor.keys import get
+from dsgen.validate.rules.batch import fill_batch_triple
 
 
 def _int(value: Any) -> int | None:
@@ -75,18 +76,8 @@ def derive(config: Mapping[str, Any], parallel: Parallel) -> Batch:
     mb: int | float | None = _int(config.get("train_micro_batch_size_per_gpu"))
     ga: int | float | None = _int(config.get("gradient_accumulation_steps"))
     world = parallel.batch_world
-    # DeepSpeed's own arithmetic: floor divisions that stay floats when the world size is one
-    if tb is not None and mb is not None and ga is None:
-        ga = tb // mb // world
-    elif tb is not None and ga is not None and mb is None:
-        mb = tb // world // ga
-    elif mb is not None and ga is not None and tb is None:
-        tb = mb * ga * world
-    elif tb is not None and mb is None and ga is None:
-        ga, mb = 1, tb // world
-    elif mb is not None and tb is None and ga is None:
-        tb, ga = mb * world, 1
-    elif tb is None and mb is None:
+    tb, mb, ga = fill_batch_triple(tb, mb, ga, world)
+    if tb is None and mb is None:
         return Batch(
             None,
             None,

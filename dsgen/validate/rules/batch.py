@@ -94,16 +94,16 @@ def batch_mismatch(ctx: Context) -> None:
         _check_any_world(ctx, values)
 
 
-def _anchor(values: dict[str, object]) -> str:
-    for key in BATCH_KEYS:
-        if values[key] is not _MISSING:
-            return "/" + key
-    return ""
+Number = int | float
 
 
-def _replay(ctx: Context, values: dict[str, Any], world: float | int, any_world: bool = False) -> None:
-    """DeepSpeed's derivation and assertions, in DeepSpeed's order and with its messages."""
-    tb, mb, ga = (None if values[k] is _MISSING else values[k] for k in BATCH_KEYS)
+def fill_batch_triple(
+    tb: Number | None, mb: Number | None, ga: Number | None, world: Number
+) -> tuple[Number | None, Number | None, Number | None]:
+    """The batch keys a config leaves out, filled in as DeepSpeed 0.19.8 does
+    (``runtime/config.py`` ``_set_batch_related_parameters``): floor divisions, which stay floats
+    when the world size is one (sequence parallelism divides it). With neither
+    ``train_batch_size`` nor the micro-batch nothing is filled; DeepSpeed then fails."""
     if tb is not None and mb is not None and ga is None:
         ga = (tb // mb) // world
     elif tb is not None and ga is not None and mb is None:
@@ -114,6 +114,20 @@ def _replay(ctx: Context, values: dict[str, Any], world: float | int, any_world:
         ga, mb = 1, tb // world
     elif mb is not None and tb is None and ga is None:
         tb, ga = mb * world, 1
+    return tb, mb, ga
+
+
+def _anchor(values: dict[str, object]) -> str:
+    for key in BATCH_KEYS:
+        if values[key] is not _MISSING:
+            return "/" + key
+    return ""
+
+
+def _replay(ctx: Context, values: dict[str, Any], world: float | int, any_world: bool = False) -> None:
+    """DeepSpeed's derivation and assertions, in DeepSpeed's order and with its messages."""
+    given = [None if values[k] is _MISSING else values[k] for k in BATCH_KEYS]
+    tb, mb, ga = fill_batch_triple(given[0], given[1], given[2], world)
     problem = None
     if not tb > 0:  # type: ignore[operator]
         problem = f"Train batch size: {tb} has to be greater than 0"
