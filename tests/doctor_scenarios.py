@@ -8,6 +8,7 @@ HF Trainer's own ``HfTrainerDeepSpeedConfig`` fills ``"auto"`` values before Dee
 from __future__ import annotations
 
 import copy
+import functools
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -31,25 +32,40 @@ def load_scenario(path: Path, corpus: Path) -> tuple[dict[str, Any], dict[str, A
     return fixture, config, spec
 
 
+TRAINER_FIELDS = (
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "max_grad_norm",
+    "learning_rate",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
+    "weight_decay",
+    "bf16",
+    "fp16",
+)
+
+
+@functools.cache  # one TrainingArguments for the whole session
+def trainer_defaults() -> dict[str, Any]:
+    """What the installed transformers' TrainingArguments holds for the fields the DeepSpeed
+    integration reads when none is passed: the oracle's defaults come from transformers, not dsgen."""
+    import tempfile
+
+    from transformers import TrainingArguments
+
+    with tempfile.TemporaryDirectory() as out:
+        args = TrainingArguments(output_dir=out, use_cpu=True)
+    return {name: getattr(args, name) for name in TRAINER_FIELDS}
+
+
 def trainer_resolved(
     config: dict[str, Any], trainer_args: dict[str, Any] | None, world_size: int, hidden_size: int
 ) -> dict[str, Any]:
     """The config after transformers' HfTrainerDeepSpeedConfig process+finalize (what DeepSpeed gets)."""
     from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
 
-    values = {
-        "per_device_train_batch_size": 8,
-        "gradient_accumulation_steps": 1,
-        "max_grad_norm": 1.0,
-        "learning_rate": 5e-5,
-        "adam_beta1": 0.9,
-        "adam_beta2": 0.999,
-        "adam_epsilon": 1e-8,
-        "weight_decay": 0.0,
-        "bf16": False,
-        "fp16": False,
-        **(trainer_args or {}),
-    }
+    values = {**trainer_defaults(), **(trainer_args or {})}  # a fresh dict: the cached one stays intact
     args = SimpleNamespace(
         world_size=world_size,
         save_on_each_node=False,

@@ -174,3 +174,16 @@ def test_without_trainer_arguments_the_assumptions_are_named() -> None:
 )
 def test_batch_errors_quote_deepspeed(config: dict[str, Any], message: str) -> None:
     assert message in (derive(config, Parallel(world_size=8)).error or "")
+
+
+def test_the_doctors_trainer_defaults_are_transformers_own(tmp_path: Path) -> None:
+    """What the doctor assumes for a TrainingArguments field nobody passed is what the installed
+    transformers makes of it (its defaults after ``__post_init__``, aliases resolved); the doctor
+    cannot import transformers at run time."""
+    from dsgen.doctor.auto_values import TRAINER_DEFAULTS
+
+    require_module("transformers")
+    from transformers import TrainingArguments
+
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True)
+    assert {name: getattr(args, name) for name in TRAINER_DEFAULTS} == TRAINER_DEFAULTS

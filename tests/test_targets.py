@@ -460,27 +460,6 @@ def test_sweep_runs_hold_their_target_files(tmp_path: Path, capsys: Any) -> None
 
 # ---- one bundle really launches: launch.sh -> torchrun -> HF Trainer -> DeepSpeed ------------
 
-LIVE_SPEC = """\
-model:
-  hf_config: {config}
-hardware:
-  gpu: a100-80gb
-  gpus_per_node: 2
-  nodes: 1
-  cpu_memory_gib: 64
-training:
-  sequence_length: 32
-  global_batch_size: 8
-  precision: bf16
-  attention: sdpa
-  optimizer: {{type: adamw, lr: 1.0e-3}}
-constraints:
-  zero_stage: 2
-  offload_optimizer: none
-  activation_checkpointing: false
-  micro_batch_size: 2
-"""
-
 
 def _free_port() -> int:
     import socket
@@ -500,7 +479,10 @@ def test_hf_trainer_bundle_trains_two_steps_through_its_launch_script(tmp_path: 
 
     config = EXAMPLES_DIR / "tiny-llama" / "config.json"
     spec_file = tmp_path / "spec.yaml"
-    spec_file.write_text(LIVE_SPEC.format(config=config))
+    from tests.test_deepspeed_oracle import TINY_SPEC
+
+    pins = "  zero_stage: 2\n  offload_optimizer: none\n  activation_checkpointing: false\n  micro_batch_size: 2"
+    spec_file.write_text(TINY_SPEC.format(config=config, optimizer="adamw", constraints=pins))
     spec = load_spec(spec_file)
     plan = solve_spec(spec).best.plan  # type: ignore[union-attr]
     assert plan.data_parallel_size == 2 and plan.gradient_accumulation_steps == 2  # 8 = 2 x 2 x 2
