@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from dsgen.units import FP32, HALF
 from dsgen.vocabulary import Checkpointing, OffloadDevice, Precision
@@ -55,7 +56,7 @@ class Plan:
     zero_stage: int
     offload_optimizer: OffloadDevice
     offload_param: OffloadDevice
-    checkpointing: Checkpointing  # the output contract's two booleans: dsgen.report.checkpointing_flags
+    checkpointing: Checkpointing  # the output contract's two booleans: checkpointing_flags below
     micro_batch_size: int
     gradient_accumulation_steps: int
     data_parallel_size: int
@@ -96,3 +97,55 @@ class Plan:
         label = " + ".join(parts)
         label += CHECKPOINTING_LABELS[self.checkpointing]
         return f"{label}, {self.precision}, micro {self.micro_batch_size} x accum {self.gradient_accumulation_steps}"
+
+
+# ---- the plan's labels in the output contract (solve --json, sweep manifests) ----------------
+def offload_optimizer_ratio(plan: Plan) -> float:
+    """Share of the optimizer step run on the offload device: 1.0 full, 0.0 with no offload.
+
+    Plans that differ only in this share (ZeRO-3 partial CPU offload) have different memory and
+    step times, so the output must say which one it is.
+    """
+    return float(plan.offload_ratio) if plan.offload_optimizer != "none" else 0.0
+
+
+def checkpointing_flags(plan: Plan | None) -> dict[str, bool | None]:
+    """The output contract's two checkpointing booleans, derived here only from the one mode.
+
+    ``activation_checkpointing``: every layer recomputed; ``selective_recompute``: only the
+    attention function. Both ``None`` without a plan (a sweep run that found none).
+    """
+    return {
+        "activation_checkpointing": None if plan is None else plan.checkpointing == "full",
+        "selective_recompute": None if plan is None else plan.checkpointing == "selective",
+    }
+
+
+def zeropp_dict(plan: Plan) -> dict[str, Any]:
+    """The ZeRO++ settings of ``plan`` (hpZ partition size 1 means hpZ is off)."""
+    k = plan.knobs
+    return {
+        "hpz_partition_size": k.hpz_partition_size,
+        "quantized_weights": k.quantized_weights,
+        "quantized_gradients": k.quantized_gradients,
+    }
+
+
+def plan_dict(plan: Plan) -> dict[str, Any]:
+    """The ``plan`` object of the output contract: every choice that tells two plans apart.
+
+    New keys go at the end; existing keys never change (other tools parse them).
+    """
+    return {
+        "precision": plan.precision,
+        "zero_stage": plan.zero_stage,
+        "offload_optimizer": plan.offload_optimizer,
+        "offload_param": plan.offload_param,
+        **checkpointing_flags(plan),
+        "micro_batch_size": plan.micro_batch_size,
+        "gradient_accumulation_steps": plan.gradient_accumulation_steps,
+        "data_parallel_size": plan.data_parallel_size,
+        "global_batch_size": plan.global_batch_size,
+        "offload_optimizer_ratio": offload_optimizer_ratio(plan),
+        "zeropp": zeropp_dict(plan),
+    }

@@ -18,10 +18,11 @@ from typing import Any
 
 from dsgen.errors import DsgenError, ExitCode
 from dsgen.estimate.memory import nvme_buffers
-from dsgen.estimate.optimizers import is_client_optimizer
 from dsgen.plan import Plan
 from dsgen.resources import template_dir
 from dsgen.spec.types import Spec
+from dsgen.targets import CONFIG_FILE, FRAMEWORK_FILE, HOSTFILE, LAUNCH_FILE
+from dsgen.targets.context import ACCELERATE_PRECISION, LIGHTNING_PRECISION, TargetContext, named, target_context
 
 #: The DeepSpeed JSON's template for each target (under the template directory).
 TARGET_TEMPLATES = {
@@ -82,77 +83,6 @@ def _environment(user_dir: Path | None = None) -> Any:
     return env
 
 
-def optimizer_block(spec: Spec) -> dict[str, Any]:
-    """DeepSpeed's optimizer section for the spec's optimizer (names as DeepSpeed resolves them)."""
-    o = spec.training.optimizer
-    betas = list(o.betas)
-    if is_client_optimizer(o):
-        # built by the training script and passed to deepspeed.initialize(optimizer=...): the
-        # config names no optimizer, and ZeRO must be told to accept one it has not tested
-        return {"type": None, "params": None, "untested": True}
-    if o.type == "adamw":
-        return {
-            "type": "AdamW",
-            "params": {"lr": o.lr, "betas": betas, "eps": o.eps, "weight_decay": o.weight_decay},
-            "untested": False,
-        }
-    if o.type == "adam":
-        params = {"lr": o.lr, "betas": betas, "eps": o.eps, "weight_decay": o.weight_decay, "adam_w_mode": False}
-        return {"type": "Adam", "params": params, "untested": False}
-    if o.type == "lion":
-        return {
-            "type": "Lion",
-            "params": {"lr": o.lr, "betas": betas, "weight_decay": o.weight_decay},
-            "untested": False,
-        }
-    if o.type == "adagrad":
-        return {
-            "type": "Adagrad",
-            "params": {"lr": o.lr, "eps": o.eps, "weight_decay": o.weight_decay},
-            "untested": False,
-        }
-    # torch.optim.SGD is outside DeepSpeed's list of ZeRO-tested optimizers
-    return {
-        "type": "SGD",
-        "params": {"lr": o.lr, "momentum": o.momentum, "weight_decay": o.weight_decay},
-        "untested": True,
-    }
-
-
-def scheduler_block(spec: Spec) -> dict[str, Any] | None:
-    sched = spec.training.scheduler
-    lr = spec.training.optimizer.lr
-    warmup = sched.warmup_steps
-    total = max(sched.total_steps, warmup)
-    if sched.type == "none":
-        return None
-    if sched.type == "warmup":
-        return {
-            "type": "WarmupLR",
-            "params": {"warmup_min_lr": 0.0, "warmup_max_lr": lr, "warmup_num_steps": warmup, "warmup_type": "linear"},
-        }
-    if sched.type == "warmup_cosine":
-        return {
-            "type": "WarmupCosineLR",
-            "params": {
-                "total_num_steps": total,
-                "warmup_num_steps": warmup,
-                "warmup_min_ratio": 0.0,
-                "cos_min_ratio": 0.1,
-            },
-        }
-    return {
-        "type": "WarmupDecayLR",
-        "params": {
-            "warmup_min_lr": 0.0,
-            "warmup_max_lr": lr,
-            "warmup_num_steps": warmup,
-            "total_num_steps": total,
-            "warmup_type": "linear",
-        },
-    }
-
-
 def environment(user_dir: Path | None = None) -> Any:
     """The Jinja2 environment for ``user_dir`` (a team's templates) over dsgen's own."""
     if user_dir is not None and not user_dir.is_dir():
@@ -202,8 +132,6 @@ def _template_name(filename: str) -> str:
 
 def render(spec: Spec, plan: Plan, target: str = "deepspeed", template_dir: Path | None = None) -> Rendered:
     """Render the DeepSpeed JSON of ``plan`` for ``target`` and validate it; raises :class:`DsgenError` if invalid."""
-    from dsgen.targets.context import target_context
-
     if target not in TARGET_TEMPLATES:
         raise DsgenError(
             f"unknown output target {target!r}; available: {', '.join(TARGET_TEMPLATES)}", path="output.target"
@@ -220,11 +148,8 @@ def render(spec: Spec, plan: Plan, target: str = "deepspeed", template_dir: Path
     return Rendered(target=target, text=text, config=config)
 
 
-def template_context(spec: Spec, plan: Plan, ctx: Any) -> dict[str, Any]:
+def template_context(spec: Spec, plan: Plan, ctx: TargetContext) -> dict[str, Any]:
     """The variables every template sees (documented in docs/templates.md)."""
-    from dsgen.targets import CONFIG_FILE, FRAMEWORK_FILE, HOSTFILE, LAUNCH_FILE
-    from dsgen.targets.context import ACCELERATE_PRECISION, LIGHTNING_PRECISION, named
-
     needs_hostfile = ctx.launcher == "deepspeed" and spec.hardware.nodes > 1
     return {
         "plan": plan,

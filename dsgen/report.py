@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Collection, Sequence
+from typing import Any
 
 from dsgen.estimate.optimizers import client_optimizer_class, is_client_optimizer
-from dsgen.plan import Plan
+from dsgen.plan import Plan, plan_dict
 from dsgen.solver import Evaluation, SolveResult, gib
 from dsgen.spec.types import Spec
 from dsgen.units import GIB
 from dsgen.vocabulary import StepPhase
-
-if TYPE_CHECKING:
-    from dsgen.sweep import Outcome
 
 PHASE_LABELS: dict[StepPhase, str] = {"forward_backward": "forward/backward", "optimizer_step": "the optimizer step"}
 # What each --accounting value prices model states with (the text output names the one used).
@@ -22,57 +19,6 @@ ACCOUNTING_LABELS = {
     "deepspeed-estimator": "model states by DeepSpeed's own estimator",
 }
 GPU_TERMS = ("parameters", "gradients", "optimizer_states", "activations", "buffers", "transient", "overhead")
-
-
-def offload_optimizer_ratio(plan: Plan) -> float:
-    """Share of the optimizer step run on the offload device: 1.0 full, 0.0 with no offload.
-
-    Plans that differ only in this share (ZeRO-3 partial CPU offload) have different memory and
-    step times, so the output must say which one it is.
-    """
-    return float(plan.offload_ratio) if plan.offload_optimizer != "none" else 0.0
-
-
-def checkpointing_flags(plan: Plan | None) -> dict[str, bool | None]:
-    """The output contract's two checkpointing booleans, derived here only from the one mode.
-
-    ``activation_checkpointing``: every layer recomputed; ``selective_recompute``: only the
-    attention function. Both ``None`` without a plan (a sweep run that found none).
-    """
-    return {
-        "activation_checkpointing": None if plan is None else plan.checkpointing == "full",
-        "selective_recompute": None if plan is None else plan.checkpointing == "selective",
-    }
-
-
-def zeropp_dict(plan: Plan) -> dict[str, Any]:
-    """The ZeRO++ settings of ``plan`` (hpZ partition size 1 means hpZ is off)."""
-    k = plan.knobs
-    return {
-        "hpz_partition_size": k.hpz_partition_size,
-        "quantized_weights": k.quantized_weights,
-        "quantized_gradients": k.quantized_gradients,
-    }
-
-
-def plan_dict(plan: Plan) -> dict[str, Any]:
-    """The ``plan`` object of the output contract: every choice that tells two plans apart.
-
-    New keys go at the end; existing keys never change (other tools parse them).
-    """
-    return {
-        "precision": plan.precision,
-        "zero_stage": plan.zero_stage,
-        "offload_optimizer": plan.offload_optimizer,
-        "offload_param": plan.offload_param,
-        **checkpointing_flags(plan),
-        "micro_batch_size": plan.micro_batch_size,
-        "gradient_accumulation_steps": plan.gradient_accumulation_steps,
-        "data_parallel_size": plan.data_parallel_size,
-        "global_batch_size": plan.global_batch_size,
-        "offload_optimizer_ratio": offload_optimizer_ratio(plan),
-        "zeropp": zeropp_dict(plan),
-    }
 
 
 def memory_dict(e: Evaluation) -> dict[str, Any]:
@@ -202,23 +148,6 @@ def ranked_table(result: SolveResult, top: int) -> str:
     ]
     table = text_table(header, rows, right={0, 1, 5, 6, 7, 8, 9, 10, 11})
     return table if rows else table + "\n    (no feasible plan)"
-
-
-def sweep_table(outcomes: Iterable[Outcome]) -> str:
-    """``dsgen sweep --dry-run``: each run's status, predicted memory and step time, and plan."""
-    rows = []
-    for o in outcomes:
-        e = o.evaluation
-        rows.append(
-            (
-                o.run.name,
-                o.status,
-                f"{e.memory.gpu.total / GIB:.1f}" if e else "-",
-                f"{e.step.total_s:.3f}" if e else "-",
-                e.plan.describe() if e and o.status == "ok" else (o.reason or ""),
-            )
-        )
-    return text_table(("run", "status", "GPU GiB", "step s", "plan"), rows, right={2, 3})
 
 
 def explanation(result: SolveResult) -> str:

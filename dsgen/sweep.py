@@ -19,8 +19,8 @@ from typing import Any
 from dsgen.errors import DsgenError, ExitCode, InfeasibleError
 from dsgen.inputs import read_text
 from dsgen.name_template import compile_name_template, render_name
+from dsgen.plan import checkpointing_flags, offload_optimizer_ratio
 from dsgen.render import Rendered
-from dsgen.report import checkpointing_flags, offload_optimizer_ratio
 from dsgen.resources import schema_path
 from dsgen.solver import Evaluation, require_feasible, solve
 from dsgen.spec.loader import spec_from_data

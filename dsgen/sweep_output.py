@@ -21,8 +21,10 @@ from typing import Any
 from dsgen.errors import DsgenError
 from dsgen.name_template import MANIFEST_CSV, MANIFEST_JSONL
 from dsgen.output import cannot_write, check_directory_destination, publish_directory
+from dsgen.report import text_table
 from dsgen.sweep import MAX_RUNS, Outcome, Sweep, load_sweep, manifest_row, run_sweep
 from dsgen.targets import LAUNCH_FILE
+from dsgen.units import GIB
 
 #: Called after each run with its outcome and the number of runs in the sweep.
 Progress = Callable[[Outcome, int], None]
@@ -148,3 +150,20 @@ def write_sweep(
     files[MANIFEST_CSV] = manifest_csv(rows, sweep.varied_keys)
     publish_directory(dest, files, force=force, executable=frozenset(executable))
     return SweepResult(sweep, tuple(outcomes), tuple(rows), dest)
+
+
+def sweep_table(outcomes: Iterable[Outcome]) -> str:
+    """``dsgen sweep --dry-run``: each run's status, predicted memory and step time, and plan."""
+    rows = []
+    for o in outcomes:
+        e = o.evaluation
+        rows.append(
+            (
+                o.run.name,
+                o.status,
+                f"{e.memory.gpu.total / GIB:.1f}" if e else "-",
+                f"{e.step.total_s:.3f}" if e else "-",
+                e.plan.describe() if e and o.status == "ok" else (o.reason or ""),
+            )
+        )
+    return text_table(("run", "status", "GPU GiB", "step s", "plan"), rows, right={2, 3})

@@ -17,7 +17,7 @@ from dsgen.cli.plan_cmd import Accounting as AccountingChoice
 from dsgen.report import result_dict
 from dsgen.resources import schema_path
 from dsgen.spec.loader import CHECKPOINTING_PINS
-from dsgen.validate.rules.registry import RULES
+from dsgen.validate.rules.catalogue import RULES
 from dsgen.vocabulary import ACCOUNTINGS, CHECKPOINTING_MODES, OFFLOAD_DEVICES, PHASES, PRECISION_CHOICES, SEVERITIES
 from tests.conftest import EXAMPLES_DIR
 

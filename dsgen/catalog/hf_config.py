@@ -15,7 +15,6 @@ Every problem is a :class:`DsgenError` naming the file and the key, e.g.
 from __future__ import annotations
 
 import json
-import re
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -23,76 +22,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from dsgen.catalog.config_file import ConfigFile
 from dsgen.catalog.model_shape import ModelShape
+from dsgen.catalog.vision import non_text_parameters
 from dsgen.errors import DsgenError, Location
 from dsgen.inputs import read_text
 
-_UNSET: Any = object()
-
-
-#: Largest integer read from a config.json, the bound the spec schema puts on model dimensions.
-MAX_INTEGER = 2**53
 #: Most layers a model may have (the spec schema's bound on model.architecture.num_layers).
 MAX_LAYERS = 10_000
-
-
-class _Config:
-    """Typed access to one parsed ``config.json``, raising :class:`DsgenError` that names the key."""
-
-    def __init__(self, data: dict[str, Any], text: str, file: Path) -> None:
-        self.data = data
-        self.text = text
-        self.file = file
-
-    def error(self, key: str, message: str, hint: str | None = None) -> DsgenError:
-        return DsgenError(message, path=key, location=Location(str(self.file), self._line_of(key)), hint=hint)
-
-    def _line_of(self, key: str) -> int | None:
-        """The line of ``"key":`` when it occurs exactly once in the file (never a wrong guess)."""
-        matches = list(re.finditer(rf'"{re.escape(key)}"\s*:', self.text))
-        if len(matches) != 1:
-            return None
-        return self.text.count("\n", 0, matches[0].start()) + 1
-
-    def _get(self, key: str, default: Any) -> Any:
-        value = self.data.get(key)
-        if value is None:  # absent, or null: transformers then uses its class default too
-            if default is _UNSET:
-                raise self.error(key, "is null" if key in self.data else "missing")
-            return default
-        return value
-
-    def integer(self, key: str, default: Any = _UNSET, *, minimum: int = 1) -> int:
-        value = self._get(key, default)
-        if type(value) is not int:
-            raise self.error(key, f"expected an integer, got {value!r}")
-        if value < minimum:
-            raise self.error(key, f"must be at least {minimum}, got {value}")
-        if value > MAX_INTEGER:  # issue 14: absurd sizes overflowed the float arithmetic
-            raise self.error(key, f"must be at most 2**53, got an integer of {value.bit_length()} bits")
-        return value
-
-    def boolean(self, key: str, default: bool) -> bool:
-        value = self._get(key, default)
-        if type(value) is not bool:
-            raise self.error(key, f"expected true or false, got {value!r}")
-        return value
-
-    def probability(self, *keys: str, default: float) -> float:
-        """The largest of several dropout probabilities (any of them > 0 means masks are kept)."""
-        values = []
-        for key in keys:
-            value = self._get(key, default)
-            if type(value) not in (int, float) or not 0 <= value < 1:
-                raise self.error(key, f"expected a probability in [0, 1), got {value!r}")
-            values.append(float(value))
-        return max(values)
-
-    def string(self, key: str, default: str) -> str:
-        value = self._get(key, default)
-        if not isinstance(value, str):
-            raise self.error(key, f"expected a string, got {value!r}")
-        return value
 
 
 # ---- decoders, read by their traits ---------------------------------------------------------------
@@ -294,12 +231,12 @@ _EXPERTS_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_nu
 _TOPK_KEYS = ("num_experts_per_tok", "moe_k", "experts_per_token")
 
 
-def _first(cfg: _Config, keys: tuple[str, ...]) -> str:
+def _first(cfg: ConfigFile, keys: tuple[str, ...]) -> str:
     """The first of ``keys`` the config has (non-null), else the first of them (for the error)."""
     return next((k for k in keys if cfg.data.get(k) is not None), keys[0])
 
 
-def _int_list(cfg: _Config, key: str) -> list[int] | None:
+def _int_list(cfg: ConfigFile, key: str) -> list[int] | None:
     value = cfg.data.get(key)
     if value is None:
         return None
@@ -308,7 +245,7 @@ def _int_list(cfg: _Config, key: str) -> list[int] | None:
     return value
 
 
-def _moe_layers(cfg: _Config, layers: int) -> int:
+def _moe_layers(cfg: ConfigFile, layers: int) -> int:
     """How many layers hold a mixture of experts, from whichever layer-pattern keys the config has:
     ``moe_layers`` (llama4), ``first_k_dense_replace`` (DeepSeek, GLM), ``mlp_only_layers`` and
     ``decoder_sparse_step`` (Qwen MoE), ``interleave_moe_layer_step`` (llama4); otherwise every layer."""
@@ -324,7 +261,7 @@ def _moe_layers(cfg: _Config, layers: int) -> int:
     return sum(1 for i in range(first_dense, layers) if i not in dense_only and (i + 1) % step == 0)
 
 
-def _sliding_layers(cfg: _Config, layers: int, layout: _Layout) -> tuple[int, int]:
+def _sliding_layers(cfg: ConfigFile, layers: int, layout: _Layout) -> tuple[int, int]:
     """(window, layers using it): ``layer_types`` when given, else the family's pattern (Gemma,
     Cohere: every n-th layer global), else every layer when a window is set and
     ``use_sliding_window`` is not false."""
@@ -345,7 +282,7 @@ def _sliding_layers(cfg: _Config, layers: int, layout: _Layout) -> tuple[int, in
     return window, layers
 
 
-def _biases(cfg: _Config, layout: _Layout) -> set[str]:
+def _biases(cfg: ConfigFile, layout: _Layout) -> set[str]:
     on = set(layout.hard_bias.split())
     for key, targets in layout.bias_keys:
         if key in cfg.data and cfg.data[key] is not None:
@@ -356,7 +293,7 @@ def _biases(cfg: _Config, layout: _Layout) -> set[str]:
     return on
 
 
-def _falcon_attention(cfg: _Config, heads: int) -> tuple[int, int, bool]:
+def _falcon_attention(cfg: ConfigFile, heads: int) -> tuple[int, int, bool]:
     """(kv heads, norms per layer, parallel) of Falcon's three layouts (FalconDecoderLayer)."""
     parallel = cfg.boolean("parallel_attn", True)
     if cfg.boolean("new_decoder_architecture", False):
@@ -367,14 +304,14 @@ def _falcon_attention(cfg: _Config, heads: int) -> tuple[int, int, bool]:
     return kv_heads, 1 if parallel else 2, parallel
 
 
-def _heads(cfg: _Config, hidden: int, heads_key: str) -> tuple[int, int]:
+def _heads(cfg: ConfigFile, hidden: int, heads_key: str) -> tuple[int, int]:
     heads = cfg.integer(heads_key)
     if hidden % heads:
         raise cfg.error(heads_key, f"{heads} does not divide hidden_size ({hidden})")
     return heads, hidden // heads
 
 
-def _decoder(model_type: str, cfg: _Config, name: str) -> ModelShape:
+def _decoder(model_type: str, cfg: ConfigFile, name: str) -> ModelShape:
     layout = _LAYOUTS.get(model_type, _ASSUMED)
     hidden_key = _first(cfg, _HIDDEN_KEYS)
     hidden = cfg.integer(hidden_key)
@@ -484,7 +421,7 @@ def _decoder(model_type: str, cfg: _Config, name: str) -> ModelShape:
 
 # ---- GPT-2, GPT-NeoX, BERT ------------------------------------------------------------------------
 def _layernorm_mha(
-    cfg: _Config,
+    cfg: ConfigFile,
     name: str,
     *,
     family: str,
@@ -521,7 +458,7 @@ def _layernorm_mha(
     )
 
 
-def _gpt2(cfg: _Config, name: str) -> ModelShape:
+def _gpt2(cfg: ConfigFile, name: str) -> ModelShape:
     positions = cfg.integer("n_positions", 1024)
     return _layernorm_mha(
         cfg,
@@ -538,7 +475,7 @@ def _gpt2(cfg: _Config, name: str) -> ModelShape:
     )
 
 
-def _gpt_neox(cfg: _Config, name: str) -> ModelShape:
+def _gpt_neox(cfg: ConfigFile, name: str) -> ModelShape:
     return _layernorm_mha(
         cfg,
         name,
@@ -553,7 +490,7 @@ def _gpt_neox(cfg: _Config, name: str) -> ModelShape:
     )
 
 
-def _bert(cfg: _Config, name: str) -> ModelShape:
+def _bert(cfg: ConfigFile, name: str) -> ModelShape:
     positions = cfg.integer("max_position_embeddings", 512)
     return _layernorm_mha(
         cfg,
@@ -576,7 +513,7 @@ def _bert(cfg: _Config, name: str) -> ModelShape:
 
 
 _LAYOUTS["falcon"] = _Layout("falcon", max_positions=2048, tie=True, norm="layernorm", gated=False)
-_READERS: dict[str, Callable[[_Config, str], ModelShape]] = {
+_READERS: dict[str, Callable[[ConfigFile, str], ModelShape]] = {
     **{model_type: partial(_decoder, model_type) for model_type in _LAYOUTS},
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
@@ -607,7 +544,7 @@ def shape_from_hf_config(path: Path, *, name: str | None = None) -> ModelShape:
     if not isinstance(data, dict):
         raise DsgenError(f"expected a JSON object, got {type(data).__name__}", location=location)
 
-    cfg = _Config(data, text, file)
+    cfg = ConfigFile(data, text, file)
     supported = ", ".join(SUPPORTED_MODEL_TYPES)
     model_type = data.get("model_type")
     if model_type is None:
@@ -633,7 +570,7 @@ class AssumptionWarning(UserWarning):
 _REQUIRED_TRAITS = (_HIDDEN_KEYS, _LAYERS_KEYS, _HEADS_KEYS, ("intermediate_size", "ffn_hidden_size"), ("vocab_size",))
 
 
-def _by_traits(cfg: _Config, model_type: str, name: str, supported: str) -> ModelShape:
+def _by_traits(cfg: ConfigFile, model_type: str, name: str, supported: str) -> ModelShape:
     """An unknown model_type whose keys are those of a decoder: read it as a llama-layout decoder,
     saying what was assumed; without them, name the first key it lacks."""
     for keys in _REQUIRED_TRAITS:
@@ -652,19 +589,17 @@ def _by_traits(cfg: _Config, model_type: str, name: str, supported: str) -> Mode
     return shape
 
 
-def _multimodal(cfg: _Config, model_type: str, name: str) -> ModelShape:
+def _multimodal(cfg: ConfigFile, model_type: str, name: str) -> ModelShape:
     """A checkpoint whose language model is described by ``text_config`` (Gemma 3, Llama 4,
     Qwen3-VL): the language model is read by its traits, the rest of the model (vision tower,
     projector) is counted from ``vision_config`` by :mod:`dsgen.catalog.vision`, so the parameter
     count (and the model states) are the whole model's while the activation model describes the
     language model, which the warning says."""
-    from dsgen.catalog.vision import non_text_parameters
-
     text_data = dict(cfg.data["text_config"])
     text_type = text_data.get("model_type") or f"{model_type}_text"
     if "tie_word_embeddings" in cfg.data and "tie_word_embeddings" not in text_data:
         text_data["tie_word_embeddings"] = cfg.data["tie_word_embeddings"]
-    text_cfg = _Config(text_data, cfg.text, cfg.file)
+    text_cfg = ConfigFile(text_data, cfg.text, cfg.file)
     reader = _READERS.get(text_type)
     shape = (
         reader(text_cfg, name) if reader else _by_traits(text_cfg, text_type, name, ", ".join(SUPPORTED_MODEL_TYPES))

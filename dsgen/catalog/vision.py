@@ -9,15 +9,13 @@ model_type rather than a silently smaller model.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from dsgen.catalog.config_file import ConfigFile
 from dsgen.catalog.model_shape import ModelShape
 
-if TYPE_CHECKING:
-    from dsgen.catalog.hf_config import _Config
 
-
-def _siglip(v: dict[str, Any], cfg: _Config) -> int:
+def _siglip(v: dict[str, Any], cfg: ConfigFile) -> int:
     """transformers' SiglipVisionModel (siglip/modeling_siglip.py): Conv2d patch embedding with
     bias, learned position table, pre-LayerNorm encoder layers (q/k/v/out with biases, fc1/fc2 with
     biases, two LayerNorms), post LayerNorm and, with ``vision_use_head``, the attention-pooling head."""
@@ -34,7 +32,7 @@ def _siglip(v: dict[str, Any], cfg: _Config) -> int:
     return params
 
 
-def _gemma3(cfg: _Config, text: ModelShape) -> int:
+def _gemma3(cfg: ConfigFile, text: ModelShape) -> int:
     """SigLIP tower (``vision_use_head`` false in Gemma3Config's default) and
     Gemma3MultiModalProjector: ``mm_input_projection_weight`` (vision x text hidden) and an RMSNorm."""
     v = dict(cfg.data.get("vision_config") or {})
@@ -48,7 +46,7 @@ def _gemma3(cfg: _Config, text: ModelShape) -> int:
     return _siglip(v, cfg) + hv * text.hidden_size + hv
 
 
-def _qwen3_vl(cfg: _Config, text: ModelShape) -> int:
+def _qwen3_vl(cfg: ConfigFile, text: ModelShape) -> int:
     """Qwen3VLVisionModel (qwen3_vl/modeling_qwen3_vl.py): Conv3d patch embedding with bias, a
     learned position table, ``depth`` pre-LayerNorm blocks (fused qkv and proj with biases, fc1/fc2
     with biases), the patch merger (LayerNorm over the hidden size, then two linears on the
@@ -71,7 +69,7 @@ def _qwen3_vl(cfg: _Config, text: ModelShape) -> int:
     return params
 
 
-def _llama4(cfg: _Config, text: ModelShape) -> int:
+def _llama4(cfg: ConfigFile, text: ModelShape) -> int:
     """Llama4VisionModel (llama4/modeling_llama4.py): the unfold patch embedding's linear (no
     bias), class embedding, learned positions for every patch plus the class token, pre and post
     LayerNorms, encoder layers (q/k/v/o and fc1/fc2 with biases, two LayerNorms), the pixel-shuffle
@@ -90,7 +88,7 @@ def _llama4(cfg: _Config, text: ModelShape) -> int:
     return params
 
 
-def _int(v: dict[str, Any], key: str, default: int, cfg: _Config) -> int:
+def _int(v: dict[str, Any], key: str, default: int, cfg: ConfigFile) -> int:
     value = v.get(key, default)
     if type(value) is not int or value < 1:
         raise cfg.error(key, f"vision_config.{key}: expected a positive integer, got {value!r}")
@@ -100,7 +98,7 @@ def _int(v: dict[str, Any], key: str, default: int, cfg: _Config) -> int:
 _TOWERS = {"gemma3": _gemma3, "qwen3_vl": _qwen3_vl, "llama4": _llama4}
 
 
-def non_text_parameters(cfg: _Config, model_type: str, text: ModelShape) -> int:
+def non_text_parameters(cfg: ConfigFile, model_type: str, text: ModelShape) -> int:
     tower = _TOWERS.get(model_type)
     if tower is None:
         raise cfg.error(

@@ -43,7 +43,7 @@ def sweep(
 ) -> None:
     """Expand a sweep (grid x zip over a base spec) and solve, render and validate every run."""
     from dsgen.api import run_sweep_to
-    from dsgen.report import sweep_table
+    from dsgen.sweep_output import sweep_table
 
     if not dry_run and output is None:
         raise DsgenError("missing --output DIR (or use --dry-run)")

@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dsgen.deepspeed_blocks import COSINE_MIN_RATIO, optimizer_block, scheduler_block
 from dsgen.estimate.optimizers import client_optimizer_class, is_client_optimizer
 from dsgen.plan import Plan
-from dsgen.render import optimizer_block, scheduler_block
 from dsgen.spec.types import Spec
 
 #: TrainingArguments ``optim`` for the optimizers the training script builds itself.
@@ -36,14 +36,13 @@ HF_CLIENT_OPTIM = {"adafactor": "adafactor", "adamw-8bit": "adamw_bnb_8bit"}
 HF_TORCH_OPTIM = {"adamw": "adamw_torch", "sgd": "sgd", "adagrad": "adagrad"}
 
 #: TrainingArguments ``lr_scheduler_type`` for each spec scheduler (DeepSpeed's equivalent in
-#: dsgen.render.scheduler_block: WarmupLR, WarmupDecayLR to 0, WarmupCosineLR to 0.1 x lr).
+#: dsgen.deepspeed_blocks.scheduler_block: WarmupLR, WarmupDecayLR to 0, WarmupCosineLR to 0.1 x lr).
 HF_SCHEDULER = {
     "none": "constant",
     "warmup": "constant_with_warmup",
     "warmup_decay": "linear",
     "warmup_cosine": "cosine_with_min_lr",
 }
-COSINE_MIN_RATIO = 0.1
 
 LIGHTNING_PRECISION = {"bf16": "bf16-mixed", "fp16": "16-mixed", "fp32": "32-true"}
 ACCELERATE_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}

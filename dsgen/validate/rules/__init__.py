@@ -5,8 +5,9 @@ from __future__ import annotations
 from functools import cache
 
 from dsgen.validate.rules import batch, keys, misc, optimizer, parallel, precision, zero  # noqa: F401
+from dsgen.validate.rules.catalogue import RULES, RuleInfo
 from dsgen.validate.rules.context import Context
-from dsgen.validate.rules.registry import CHECKS, RULES, Check, RuleInfo
+from dsgen.validate.rules.registry import CHECKS, Check
 from dsgen.validate.versions import profile
 
 __all__ = ["RULES", "Context", "RuleInfo", "run_rules"]

@@ -13,7 +13,7 @@ from typing import Any
 
 from dsgen.jsontypes import escape_pointer_token
 from dsgen.validate.findings import Finding
-from dsgen.validate.rules.registry import RULES
+from dsgen.validate.rules.catalogue import RULES
 from dsgen.validate.schema_findings import AutoSite
 from dsgen.validate.targets import resolves_auto
 from dsgen.validate.versions import Profile

@@ -11,8 +11,9 @@ from collections.abc import Iterator
 from functools import cache
 from typing import Any
 
+from dsgen.validate.rules.catalogue import RuleInfo, register
 from dsgen.validate.rules.context import ZERO_ALIASES, Context
-from dsgen.validate.rules.registry import RuleInfo, register, rule
+from dsgen.validate.rules.registry import rule
 from dsgen.validate.schema_findings import base_schema, schema_at
 from dsgen.validate.targets import LAUNCHER_NAMES, resolves_auto
 from dsgen.validate.versions import removed_keys

@@ -1,45 +1,16 @@
-"""The rule catalogue: one entry per stable rule id, plus the checks that implement them.
-
-Rule ids are part of dsgen's output contract (users filter and suppress by them), so each is
-registered exactly once with its default severity, the phase in which DeepSpeed itself fails
-(if it does), and the text that ``docs/validation.md`` and the benchmark show.
-"""
+"""The checks behind the rule ids: ``@rule`` registers a rule in the catalogue and its check here."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
+from dsgen.validate.rules.catalogue import RuleInfo, register
+from dsgen.validate.rules.context import Context
 from dsgen.vocabulary import Phase, Severity
 
-if TYPE_CHECKING:
-    from dsgen.validate.rules.context import Context
+Check = Callable[[Context], None]
 
-
-@dataclass(frozen=True)
-class RuleInfo:
-    """Metadata of one rule id."""
-
-    rule_id: str
-    severity: Severity  # default severity; a few rules depend on --target / --deepspeed-version
-    phase: Phase
-    summary: str
-    deepspeed: str  # what DeepSpeed does with such a config
-    since: str = "0.14"  # first supported DeepSpeed version the rule applies to
-
-
-Check = Callable[["Context"], None]
-
-RULES: dict[str, RuleInfo] = {}
 CHECKS: list[tuple[RuleInfo, Check]] = []
-
-
-def register(info: RuleInfo) -> RuleInfo:
-    if info.rule_id in RULES:
-        raise ValueError(f"rule id {info.rule_id!r} registered twice")
-    RULES[info.rule_id] = info
-    return info
 
 
 def rule(
@@ -53,7 +24,3 @@ def rule(
         return func
 
     return decorate
-
-
-def describe(rule_ids: Iterable[str]) -> list[RuleInfo]:
-    return [RULES[rule_id] for rule_id in rule_ids]
