@@ -147,12 +147,24 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_UNSUPPORTED
 
     import deepspeed
-    import torch
     from deepspeed import comm as dist
 
     _import_model_classes()
     imported = time.monotonic()
     deepspeed.init_distributed(dist_backend="gloo")
+    try:
+        return _train(args, config, started, imported)
+    finally:
+        # Tear the process group down while the interpreter is whole, on every path: a gloo group
+        # left alive can abort the rank at interpreter shutdown (see tests/hf_trainer_script.py).
+        dist.destroy_process_group()
+
+
+def _train(args: argparse.Namespace, config: dict[str, Any], started: float, imported: float) -> int:
+    import deepspeed
+    import torch
+    from deepspeed import comm as dist
+
     rank = dist.get_rank()
     torch.manual_seed(args.seed)  # same initial weights on every rank, as with a loaded checkpoint
 
@@ -227,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         print(DONE_PREFIX + " " + " ".join(f"{k}={v}" for k, v in info.items()), flush=True)
 
-    dist.barrier()
+    dist.barrier()  # no rank tears down its process group while another still talks to it
     return 0
 
 

@@ -5,7 +5,8 @@ from ``training_args.json`` exactly as the README tells users to, and adds only 
 machine needs (``use_cpu``, the gloo backend) and what a real script owns (output directory,
 step budget, logging). The model is a tiny Llama built from a local config: nothing is
 downloaded. Rank 0 prints ``DSGEN_TRAINER global_step=<n> world_size=<n> zero_stage=<n>
-train_batch_size=<n>`` at the end so the test can check what really ran.
+train_batch_size=<n>`` at the end so the test can check what really ran. It ends the way every
+distributed script must: by destroying its process group before the interpreter exits.
 """
 
 from __future__ import annotations
@@ -60,6 +61,13 @@ def main() -> int:
             f"micro={engine.train_micro_batch_size_per_gpu()} accumulation={engine.gradient_accumulation_steps()}",
             flush=True,
         )
+    # The Trainer never tears down the process group it started. Left alive, gloo's worker threads
+    # still hold work objects (with tensors) when the interpreter finalizes; freeing those then
+    # needs the GIL of an interpreter that is going away, and the rank dies with "terminate called
+    # without an active exception" (SIGABRT) after training finished, so torchrun reports the run
+    # as failed. Destroying the group here, while Python is whole, joins those threads first.
+    trainer.accelerator.wait_for_everyone()  # no rank leaves while another still talks to it
+    trainer.accelerator.end_training()  # accelerate's teardown: torch.distributed.destroy_process_group()
     return 0
 
 

@@ -51,6 +51,22 @@ ACCELERATE_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
 LIGHTNING_OMITS = frozenset({"/gradient_accumulation_steps", "/gradient_clipping"})
 
 
+#: How a script ends on each target whose framework leaves the process group alive. Lightning
+#: needs no line: it registers ``torch.distributed.destroy_process_group`` with atexit itself
+#: (lightning/fabric/utilities/distributed.py, ``_init_dist_connection``). Neither the HF Trainer
+#: nor ``deepspeed.initialize`` tears the group down, and a rank that exits with a gloo group alive
+#: can abort in interpreter shutdown (SIGABRT, "terminate called without an active exception")
+#: after training finished, which torchrun and the scheduler report as a failed job.
+TEARDOWN = {
+    "hf-trainer": "end the script with trainer.accelerator.wait_for_everyone(); trainer.accelerator.end_training() "
+    "(destroys the process group; a rank exiting with it alive can abort after training)",
+    "accelerate": "end the script with accelerator.wait_for_everyone(); accelerator.end_training() "
+    "(destroys the process group; a rank exiting with it alive can abort after training)",
+    "deepspeed": "end the script with deepspeed.comm.barrier(); deepspeed.comm.destroy_process_group() "
+    "(a rank exiting with the process group alive can abort after training)",
+}
+
+
 def named(spec: Spec, prefix: str) -> bool:
     """Whether the user wrote ``prefix`` (or a key under it) in the spec, a --set or a sweep."""
     keys = [key for key, _ in spec.key_lines] + [key for key, _ in spec.key_overrides]
@@ -215,6 +231,8 @@ def script_notes(spec: Spec, plan: Plan, target: str, optimizer: dict[str, Any])
         # the config has DeepSpeed's scheduler exactly when the spec named one (scheduler_for)
         dummies = "DummyOptim and DummyScheduler" if named(spec, "training.scheduler") else "DummyOptim"
         notes.append(f"pass accelerate.utils.{dummies} to accelerator.prepare: the config names them")
+    if target in TEARDOWN:
+        notes.append(TEARDOWN[target])
     return notes
 
 
