@@ -14,18 +14,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dsgen.plan import Plan
-from dsgen.render import Rendered, render
-from dsgen.solver import SolveResult, require_feasible, solve
-from dsgen.spec.loader import load_spec as _load_spec
-from dsgen.spec.loader import spec_from_data
-from dsgen.spec.types import Spec
-from dsgen.spec.yaml_source import SourceMap
-from dsgen.starter import StarterOptions, write_starter_spec
-from dsgen.sweep import MAX_RUNS
-from dsgen.targets.bundle import Bundle, resolve
-from dsgen.targets.bundle import render_bundle as _render_bundle
-from dsgen.vocabulary import Accounting
+if TYPE_CHECKING:
+    from dsgen.doctor.diagnose import Diagnosis
+    from dsgen.plan import Plan
+    from dsgen.render import Rendered
+    from dsgen.solver import SolveResult
+    from dsgen.spec.types import Spec
+    from dsgen.starter import StarterOptions, write_starter_spec
+    from dsgen.sweep_output import Progress, SweepResult
+    from dsgen.targets.bundle import Bundle
+    from dsgen.vocabulary import Accounting
 
 __all__ = [
     "Bundle",
@@ -41,9 +39,21 @@ __all__ = [
     "write_starter_spec",
 ]
 
-if TYPE_CHECKING:
-    from dsgen.doctor.diagnose import Diagnosis
-    from dsgen.sweep_output import Progress, SweepResult
+#: Names this module hands on from where they live, imported when first asked for: each command
+#: then loads only what it runs (``dsgen solve`` loads no Jinja2, no sweep machinery).
+_REEXPORTS = {
+    "Bundle": "dsgen.targets.bundle",
+    "StarterOptions": "dsgen.starter",
+    "write_starter_spec": "dsgen.starter",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _REEXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(_REEXPORTS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def load_spec(
@@ -58,11 +68,15 @@ def load_spec(
     there is a file. Relative paths inside a mapping (``model.hf_config``) are read from
     ``base_dir`` (default: the current directory); the mapping itself is not changed.
     """
+    from dsgen.spec import loader
+
     if isinstance(source, Mapping):
-        return spec_from_data(
+        from dsgen.spec.yaml_source import SourceMap
+
+        return loader.spec_from_data(
             _plain(source), SourceMap(None), base_dir=Path(base_dir or Path.cwd()), overrides=overrides
         )
-    return _load_spec(source, overrides)
+    return loader.load_spec(source, overrides)
 
 
 def _plain(value: Any) -> Any:
@@ -77,11 +91,15 @@ def _plain(value: Any) -> Any:
 def solve_spec(spec: Spec, accounting: Accounting = "dsgen") -> SolveResult:
     """Search the plan space; the result ranks every feasible plan. ``accounting`` is ``dsgen``
     (default) or ``deepspeed-estimator`` (DeepSpeed's own model-state estimator)."""
+    from dsgen.solver import solve
+
     return solve(spec, accounting)
 
 
 def render_plan(spec: Spec, plan: Plan, target: str | None = None) -> Rendered:
     """Render and validate the config of ``plan`` for ``target`` (default: the spec's output target)."""
+    from dsgen.render import render
+
     return render(spec, plan, target or spec.output.target)
 
 
@@ -89,6 +107,8 @@ def build_config(
     path: str | Path, overrides: list[str] | tuple[str, ...] = (), accounting: Accounting = "dsgen"
 ) -> tuple[SolveResult, Rendered]:
     """Load, solve (raising InfeasibleError, exit 3, when nothing fits) and render in one call."""
+    from dsgen.solver import require_feasible
+
     spec = load_spec(path, overrides)
     result = solve_spec(spec, accounting)
     best = require_feasible(result)
@@ -107,6 +127,7 @@ def doctor(
     memory per phase, findings and ranked fixes. Paths are read here; bad input raises DsgenError."""
     from dsgen.doctor.auto_values import load_training_args
     from dsgen.doctor.diagnose import diagnose
+    from dsgen.spec.types import Spec
     from dsgen.validate import loader
 
     data = config if isinstance(config, dict) else loader.load(config).data
@@ -121,15 +142,18 @@ def run_sweep_to(
     *,
     force: bool = False,
     progress: Progress | None = None,
-    max_runs: int = MAX_RUNS,
+    max_runs: int | None = None,
 ) -> SweepResult:
     """Solve every run of the sweep file at ``path`` and publish them as the directory ``output``.
 
     ``output=None`` solves without writing anything (a dry run). The directory appears whole or
-    not at all; ``force`` replaces only a directory an earlier dsgen run wrote.
+    not at all; ``force`` replaces only a directory an earlier dsgen run wrote. ``max_runs``
+    (default :data:`dsgen.sweep.MAX_RUNS`) refuses sweeps that expand to more runs.
     """
-    from dsgen.sweep import load_sweep
+    from dsgen.sweep import MAX_RUNS, load_sweep
     from dsgen.sweep_output import solve_sweep, write_sweep
+
+    max_runs = MAX_RUNS if max_runs is None else max_runs
 
     if output is None:
         return solve_sweep(load_sweep(path, max_runs=max_runs), progress)
@@ -145,8 +169,10 @@ def render_bundle(
 ) -> Bundle:
     """Render every file of ``target`` and ``launcher`` (defaults: the spec's output section, then
     the target's usual launcher) for ``plan``; ``template_dir`` holds a team's own templates."""
-    chosen, how = resolve(spec, target, launcher)
-    return _render_bundle(spec, plan, chosen, how, Path(template_dir) if template_dir is not None else None)
+    from dsgen.targets import bundle
+
+    chosen, how = bundle.resolve(spec, target, launcher)
+    return bundle.render_bundle(spec, plan, chosen, how, Path(template_dir) if template_dir is not None else None)
 
 
 def build_bundle(
@@ -159,6 +185,9 @@ def build_bundle(
     template_dir: str | Path | None = None,
 ) -> tuple[SolveResult, Bundle]:
     """:func:`build_config` for a whole target bundle (``dsgen new --target/--launcher``)."""
+    from dsgen.solver import require_feasible
+    from dsgen.targets.bundle import resolve
+
     spec = load_spec(path, overrides)
     chosen, how = resolve(spec, target, launcher)  # a bad choice fails before the solver runs
     result = solve_spec(spec, accounting)

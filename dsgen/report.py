@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
 from typing import Any
 
 from dsgen.estimate.optimizers import client_optimizer_class, is_client_optimizer
 from dsgen.plan import Plan, plan_dict
 from dsgen.solver import Evaluation, SolveResult, gib
 from dsgen.spec.types import Spec
+from dsgen.text_table import text_table
 from dsgen.units import GIB
 from dsgen.vocabulary import StepPhase
 
@@ -95,21 +95,6 @@ def result_dict(result: SolveResult) -> dict[str, Any]:
     body["accounting"] = result.accounting
     body["notes"] = [*spec.notes, *([result.batch_note] if result.batch_note else [])]
     return body
-
-
-def text_table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Collection[int] = ()) -> str:
-    """Columns as wide as their widest cell, so every row lines up whatever its labels' lengths.
-
-    Columns whose index is in ``right`` are right-aligned (numbers); the rest left-aligned.
-    """
-    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
-
-    def line(cells: Sequence[str]) -> str:
-        return " ".join(
-            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        ).rstrip()
-
-    return "\n".join(line(cells) for cells in (header, *rows))
 
 
 def ranked_table(result: SolveResult, top: int) -> str:

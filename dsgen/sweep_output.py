@@ -21,9 +21,9 @@ from typing import Any
 from dsgen.errors import DsgenError
 from dsgen.name_template import MANIFEST_CSV, MANIFEST_JSONL
 from dsgen.output import cannot_write, check_directory_destination, publish_directory
-from dsgen.report import text_table
 from dsgen.sweep import MAX_RUNS, Outcome, Sweep, load_sweep, manifest_row, run_sweep
 from dsgen.targets import LAUNCH_FILE
+from dsgen.text_table import text_table
 from dsgen.units import GIB
 
 #: Called after each run with its outcome and the number of runs in the sweep.

@@ -537,7 +537,7 @@ def test_an_unexpected_exception_is_one_line_and_exit_70(
     def broken(*args: object, **kwargs: object) -> object:
         raise KeyError("a bug")
 
-    monkeypatch.setattr("dsgen.api.solve", broken)
+    monkeypatch.setattr("dsgen.api.solve_spec", broken)
     path = tmp_path / "s.yaml"
     path.write_text(spec(), encoding="utf-8")
     result = run_cli(["solve", str(path)], capsys)
