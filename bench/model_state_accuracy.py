@@ -38,9 +38,9 @@ gradients are gone again (except with offload) and ZeRO-3 has re-partitioned its
 tensors, so a single probe after the step would undercount both.
 
 Measured values are the maximum over ranks (ZeRO-1/2 ranks differ by which tensors straddle their
-partition) and are compared with ``dsgen.estimate.model_states.model_state_bytes`` and, for offload,
+partition) and are compared with the record ``dsgen.estimate.model_states.model_states`` and, for offload,
 with dsgen's host term ``dsgen.estimate.memory.host_bytes(...)[1] / gpus_per_node``. Target: every
-compared term within 2 %. ``model_states.offloaded_optimizer_bytes`` (everything offload pins on
+compared term within 2 %. ``ModelStates.offloaded_optimizer`` (everything offload pins on
 the host) is shown beside the measured host bytes.
 
 Run: python bench/model_state_accuracy.py [--models tiny-llama,llama-24m] [--cases zero2-bf16,...]
@@ -173,7 +173,7 @@ constraints:
 def prepare(config_json: Path, case: Case) -> dict[str, Any]:
     """Solve and render the case with dsgen; return the DeepSpeed config and dsgen's prediction."""
     from dsgen.estimate.memory import host_bytes
-    from dsgen.estimate.model_states import gradient_bytes_by_phase, model_state_bytes, offloaded_optimizer_bytes
+    from dsgen.estimate.model_states import model_states
     from dsgen.render import render
     from dsgen.solver import solve
     from dsgen.spec.loader import load_spec_text
@@ -192,19 +192,18 @@ def prepare(config_json: Path, case: Case) -> dict[str, Any]:
         note = f"solver chose offload ratio {plan.offload_ratio}; measured with 1.0"
         plan = dataclasses.replace(plan, offload_ratio=1.0)
     optimizer = spec.training.optimizer.type
-    params, grads, states = model_state_bytes(spec.model, plan, optimizer)
-    host = host_bytes(spec.model, plan, spec.hardware, optimizer)[1] // spec.hardware.gpus_per_node
-    backward, step = gradient_bytes_by_phase(spec.model, plan)
+    record = model_states(spec.model, plan, optimizer)
+    host = host_bytes(record, plan, spec.hardware)[1] // spec.hardware.gpus_per_node
     return {
         "config": render(spec, plan).config,
         "predicted": {
-            "parameters": params,
-            "gradients": grads,
-            "optimizer_states": states,
+            "parameters": record.parameters,
+            "gradients": record.gradients,
+            "optimizer_states": record.optimizer_states,
             "host": host,
-            "host_full": offloaded_optimizer_bytes(spec.model, plan, optimizer),
-            "gradients_backward": backward,
-            "gradients_step": step,
+            "host_full": record.offloaded_optimizer,
+            "gradients_backward": record.backward_gradients,
+            "gradients_step": record.step_gradients,
         },
         "parameter_count": spec.model.parameter_count(),
         "note": note,

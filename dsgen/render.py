@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dsgen.errors import DsgenError, ExitCode
-from dsgen.estimate.memory import nvme_buffers
+from dsgen.estimate.swap_buffers import nvme_buffers
 from dsgen.plan import Plan
 from dsgen.resources import template_dir
 from dsgen.spec.types import Spec

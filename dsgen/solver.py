@@ -540,7 +540,7 @@ def _search(spec: Spec, global_batch: int, accounting: Accounting) -> tuple[list
 
 #: sub_group_size values tried, largest first, when host RAM is what an NVMe-offload plan lacks.
 #: Its pinned swap buffers and fp32 gradient buffer scale with the largest sub-group
-#: (dsgen.estimate.memory.nvme_optimizer_host_bytes); below 1e7 elements each NVMe transfer is
+#: (ModelStates.nvme_optimizer_host); below 1e7 elements each NVMe transfer is
 #: too small to keep the drive busy, so the search stops there.
 NVME_SUB_GROUP_SIZES = (100_000_000, 50_000_000, 20_000_000, 10_000_000)
 

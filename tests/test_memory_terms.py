@@ -22,6 +22,7 @@ from dsgen.estimate.memory import (
     host_bytes,
     nvme_bytes,
 )
+from dsgen.estimate.model_states import model_states, pinned
 from dsgen.plan import Plan, ZeroKnobs
 from dsgen.spec.loader import load_spec_text
 from dsgen.spec.types import Spec
@@ -235,11 +236,11 @@ def test_llama_8b_host_without_offload() -> None:
     process = G * 3 * GIB
     loading = G * W * P
     assert (process, loading) == (25_769_803_776, 128_484_179_968)
-    assert host_bytes(spec.model, _plan(2), spec.hardware, "adamw") == (process + loading, 0)
+    assert host_bytes(model_states(spec.model, _plan(2), "adamw"), _plan(2), spec.hardware) == (process + loading, 0)
     cpu = estimate_memory(spec.model, _plan(2), spec.hardware, spec.training).cpu
     assert (cpu.total, cpu.process, cpu.offloaded_states) == (154_253_983_744, process, 0)
     # ZeRO-3 (zero.Init): no loading copy, only the processes
-    assert host_bytes(spec.model, _plan(3), spec.hardware, "adamw") == (process, 0)
+    assert host_bytes(model_states(spec.model, _plan(3), "adamw"), _plan(3), spec.hardware) == (process, 0)
 
 
 # Pinned host blocks are rounded up to powers of two (CachingHostAllocator), per rank:
@@ -270,7 +271,7 @@ def test_llama_8b_host_with_cpu_parameter_offload_at_zero3(opt: str, offloaded: 
     plan = _plan(3, opt=opt, param="cpu")
     process = G * 3 * GIB  # 25_769_803_776
     # ZeRO-3 loads with zero.Init (no full copy), so the total is process + offloaded
-    assert host_bytes(spec.model, plan, spec.hardware, "adamw") == (process + offloaded, offloaded)
+    assert host_bytes(model_states(spec.model, plan, "adamw"), plan, spec.hardware) == (process + offloaded, offloaded)
     cpu = estimate_memory(spec.model, plan, spec.hardware, spec.training).cpu
     assert cpu.offloaded_states == offloaded
     assert cpu.total == process + offloaded
@@ -293,7 +294,7 @@ def test_llama_8b_nvme_bytes_at_zero3(param: str, optimizer: str, expected: int)
     spec = _spec()
     assert expected in (96_363_134_976, 64_242_089_984, 112_423_657_472)
     plan = _plan(3, opt="nvme", param=param)
-    assert nvme_bytes(spec.model, plan, spec.hardware, optimizer) == expected
+    assert nvme_bytes(model_states(spec.model, plan, optimizer), spec.hardware) == expected
 
 
 def test_llama_8b_nvme_optimizer_offload_host_swap_buffers() -> None:
@@ -307,7 +308,7 @@ def test_llama_8b_nvme_optimizer_offload_host_swap_buffers() -> None:
     largest = PART
     offloaded = G * (2 * PART + 4 * largest + 4 * 4 * largest)
     assert offloaded == 176_665_747_456
-    assert host_bytes(spec.model, plan, spec.hardware, "adamw") == (G * 3 * GIB + offloaded, offloaded)
+    assert host_bytes(model_states(spec.model, plan, "adamw"), plan, spec.hardware) == (G * 3 * GIB + offloaded, offloaded)
     memory = estimate_memory(spec.model, plan, spec.hardware, spec.training)
     assert memory.nvme.total == G * (4 + 8) * PART == 96_363_134_976
     assert memory.cpu.offloaded_states == offloaded
@@ -322,12 +323,12 @@ def test_llama_8b_host_loading_copy_and_offload_do_not_add_up() -> None:
     offloaded = G * (18 * PART + 2 * EMBED)
     assert offloaded == 152_950_087_680
     # host = process + max(loading, offloaded) = 25_769_803_776 + 152_950_087_680 = 178_719_891_456
-    assert host_bytes(spec.model, plan, spec.hardware, "adamw") == (178_719_891_456, offloaded)
+    assert host_bytes(model_states(spec.model, plan, "adamw"), plan, spec.hardware) == (178_719_891_456, offloaded)
     assert G * 3 * GIB + max(G * W * P, offloaded) == 178_719_891_456
 
 
 def test_pinned_blocks_round_up_to_powers_of_two() -> None:
     # CachingHostAllocator: c10::llvm::PowerOf2Ceil(size) below pinned_max_round_threshold (SIZE_MAX)
-    from dsgen.estimate.memory import pinned
+
 
     assert [pinned(n) for n in (0, 1, 3, 4, 1_000, 2**31, 2**31 + 1)] == [0, 1, 4, 4, 1_024, 2**31, 2**32]

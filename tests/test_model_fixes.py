@@ -11,7 +11,8 @@ import pytest
 from dsgen.api import solve_spec
 from dsgen.catalog.presets import get_model
 from dsgen.errors import DsgenError
-from dsgen.estimate.memory import estimate_memory, nvme_bytes, partial_offload_on_gpu
+from dsgen.estimate.memory import estimate_memory, nvme_bytes
+from dsgen.estimate.model_states import model_states
 from dsgen.estimate.throughput import estimate_step_time
 from dsgen.plan import Plan, ZeroKnobs
 from dsgen.spec.loader import load_spec_text
@@ -76,7 +77,7 @@ def test_partial_offload_keeps_the_fp32_master_on_gpu_in_every_dtype(
     assert shape.parameter_count() == LLAMA_P and -(-LLAMA_P // 8) == PART
     plan = _zero3(precision, ratio=ratio)
     expected = per_element * PART
-    assert partial_offload_on_gpu(shape, plan, optimizer) == expected
+    assert model_states(shape, plan, optimizer).partial_offload_on_gpu == expected
     # With optimizer offload nothing else of the optimizer stays on the GPU, so the reported
     # optimizer_states is exactly the partial share.
     training = replace(spec.training, optimizer=replace(spec.training.optimizer, type=optimizer))
@@ -86,7 +87,7 @@ def test_partial_offload_keeps_the_fp32_master_on_gpu_in_every_dtype(
 
 def test_full_offload_leaves_no_optimizer_bytes_on_gpu() -> None:
     shape = get_model("llama-3.1-8b")
-    assert partial_offload_on_gpu(shape, _zero3("fp32", ratio=1.0), "adamw") == 0
+    assert model_states(shape, _zero3("fp32", ratio=1.0), "adamw").partial_offload_on_gpu == 0
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -97,7 +98,7 @@ def test_nvme_optimizer_offload_swaps_the_fp32_master_in_every_dtype(precision: 
     # 8 * 12 * 1_003_782_656 = 96_363_134_976
     expected = 8 * 12 * PART
     assert expected == 96_363_134_976
-    assert nvme_bytes(spec.model, plan, spec.hardware, "adamw") == expected
+    assert nvme_bytes(model_states(spec.model, plan, "adamw"), spec.hardware) == expected
     assert estimate_memory(spec.model, plan, spec.hardware, spec.training).nvme.total == expected
 
 

@@ -21,10 +21,9 @@ import pytest
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.catalog.presets import get_model, model_presets
 from dsgen.estimate.model_states import (
-    gradient_bytes_by_phase,
     largest_parameter_tensor,
     model_state_bytes,
-    offloaded_optimizer_bytes,
+    model_states,
     parameter_tensors,
     persistent_parameters,
     zero3_layout,
@@ -136,7 +135,8 @@ def test_llama_8b_bf16_adamw_on_8_gpus(plan: Plan, expected: tuple[int, int, int
 )
 def test_llama_8b_gradients_by_phase(plan: Plan, expected: tuple[int, int]) -> None:
     shape = get_model("llama-3.1-8b")
-    assert gradient_bytes_by_phase(shape, plan) == expected
+    states = model_states(shape, plan, "adamw")
+    assert (states.backward_gradients, states.step_gradients) == expected
     assert model_state_bytes(shape, plan, "adamw")[1] == max(expected)
 
 
@@ -168,15 +168,15 @@ def test_llama_8b_host_bytes_of_cpu_offload() -> None:
     shape = get_model("llama-3.1-8b")
     # ZeRO-2: fp32 master + AdamW + fp32 gradient slice (4 + 8 + 4) * S, a bf16 copy of the slice
     # 2 * S, and the bf16 largest-tensor staging buffer 2 * EMBED ...
-    assert offloaded_optimizer_bytes(shape, _plan(2, opt="cpu"), "adamw") == (16 + 2) * S + 2 * EMBED
+    assert model_states(shape, _plan(2, opt="cpu"), "adamw").offloaded_optimizer == (16 + 2) * S + 2 * EMBED
     # ... plus, with gradient accumulation, bf16 accumulators of the tensors overlapping the slice
     accumulating = _plan(2, opt="cpu", accumulation=4)
-    assert offloaded_optimizer_bytes(shape, accumulating, "adamw") == (16 + 2) * S + 2 * EMBED + 2 * GRAD_BUFFER
+    assert model_states(shape, accumulating, "adamw").offloaded_optimizer == (16 + 2) * S + 2 * EMBED + 2 * GRAD_BUFFER
     # (ZeRO-1 accumulates in param.grad on the GPU instead)
-    assert offloaded_optimizer_bytes(shape, replace(accumulating, zero_stage=1), "adamw") == (16 + 2) * S + 2 * EMBED
+    assert model_states(shape, replace(accumulating, zero_stage=1), "adamw").offloaded_optimizer == (16 + 2) * S + 2 * EMBED
     # ZeRO-3: the bf16 gradient partitions join the fp32 gradient, master and states on the host
-    assert offloaded_optimizer_bytes(shape, _plan(3, opt="cpu"), "adamw") == (16 + 2) * S == 18_068_087_808
-    assert offloaded_optimizer_bytes(shape, _plan(3), "adamw") == 0
+    assert model_states(shape, _plan(3, opt="cpu"), "adamw").offloaded_optimizer == (16 + 2) * S == 18_068_087_808
+    assert model_states(shape, _plan(3), "adamw").offloaded_optimizer == 0
 
 
 # ---- padding, straddling tensors and sub-groups on a small odd model ------------------------------

@@ -12,7 +12,6 @@ import math
 from dataclasses import dataclass
 
 from dsgen.doctor.oom_message import OomMessage
-from dsgen.plan import Plan
 from dsgen.solver import Evaluation, gib
 from dsgen.spec.types import Spec
 
@@ -41,12 +40,15 @@ class OomReading:
     notes: tuple[str, ...]
 
 
-def allocations(spec: Spec, plan: Plan) -> list[Allocation]:
+def allocations(spec: Spec, evaluation: Evaluation) -> list[Allocation]:
+    """The single allocations of ``evaluation``'s plan a failed request may have been, sized from
+    the plan's model-state record (one partition, the flat copy) and its activation shapes."""
     m = spec.model
-    p = m.parameter_count()
+    plan = evaluation.plan
+    parts = evaluation.memory.model_states.partitioning
+    p = parts.parameters
     w = plan.dtype_bytes
-    dp = plan.data_parallel_size
-    partition = -(-p // dp) if plan.zero_stage >= 1 else p
+    partition = parts.even_share if plan.zero_stage >= 1 else p
     tokens = plan.micro_batch_size * spec.training.sequence_length
     found = []
     if plan.offload_optimizer == "none" or plan.offload_ratio < 1:
@@ -60,7 +62,7 @@ def allocations(spec: Spec, plan: Plan) -> list[Allocation]:
         )
     if plan.zero_stage < 3:
         found.append(Allocation("the flat 16-bit copy of all parameters", "engine start", "parameters", w * p))
-    grad_partition = -(-p // dp) if plan.zero_stage >= 2 else p
+    grad_partition = parts.even_share if plan.zero_stage >= 2 else p
     found.append(
         Allocation(
             "the 16-bit gradient partition (contiguous gradient buffer)", "backward", "gradients", w * grad_partition
@@ -86,10 +88,9 @@ def allocations(spec: Spec, plan: Plan) -> list[Allocation]:
 
 
 def read_oom(message: OomMessage, spec: Spec, evaluation: Evaluation) -> OomReading:
-    plan = evaluation.plan
     best: Allocation | None = None
     best_distance = math.inf
-    for allocation in allocations(spec, plan):
+    for allocation in allocations(spec, evaluation):
         if allocation.size <= 0:
             continue
         distance = abs(math.log(message.tried / allocation.size))

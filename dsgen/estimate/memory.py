@@ -3,25 +3,19 @@
 Model-state terms follow the ZeRO paper's partitioning (Rajbhandari et al. 2020) with DeepSpeed's
 actual tensors (fp32 master weights and fp32 gradient partitions for mixed precision, as in
 ``stage_1_and_2.py`` / ``stage3.py``); buffers follow DeepSpeed's allocation of reduce buckets and
-ZeRO-3 gathered parameters; activations come from :mod:`dsgen.estimate.activations`.
-docs/memory-model.md documents every term and its source.
+ZeRO-3 gathered parameters; activations come from :mod:`dsgen.estimate.activations`. The model
+states are computed once per plan (:func:`dsgen.estimate.model_states.model_states`) and every
+term here reads that record. docs/memory-model.md documents every term and its source.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import lru_cache
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.estimate.activations import estimate_activations
-from dsgen.estimate.model_states import (
-    ModelStates,
-    model_states,
-    parameter_tensors,
-    zero3_layout,
-    zero12_partition,
-)
-from dsgen.estimate.optimizers import flat_state_bytes, step_temporary_bytes
+from dsgen.estimate.model_states import ModelStates, model_states
+from dsgen.estimate.optimizers import step_temporary_bytes
 from dsgen.plan import Plan
 from dsgen.spec.types import Hardware, Optimizer, Training
 from dsgen.units import FP32, GIB
@@ -33,36 +27,6 @@ COMM_LIBRARY_BYTES = int(0.5 * GIB)  # NCCL communicators and their buffers
 ALLOCATOR_SLACK = 0.05  # caching-allocator fragmentation, as a share of dynamic allocations
 HOST_BYTES_PER_RANK = 3 * GIB  # python, torch, DeepSpeed and CUDA host state per training process
 HOST_RESERVE = 0.10  # share of host RAM left for the OS, page cache and data loaders
-
-
-@dataclass(frozen=True)
-class NvmeBuffers:
-    """The ZeRO-Infinity swap buffers dsgen renders (``templates/deepspeed/ds_config.json.j2`` reads
-    these values) and prices in host RAM: one source for both (:func:`nvme_buffers`)."""
-
-    optimizer_count: int = 4  # offload_optimizer.buffer_count, each one optimizer sub-group of fp32
-    param_count: int = 5  # offload_param.buffer_count
-    param_size: int = 100_000_000  # offload_param.buffer_size, elements
-
-
-NVME_BUFFERS = NvmeBuffers()
-
-#: fp32 tensors per element the optimizer swapper moves through pinned buffers besides the master
-#: weight and the gradient: the optimizer's own states (Adam/AdamW two moments, the others one).
-SWAPPED_STATE_TENSORS = {"adamw": 2, "adam": 2, "lion": 1, "sgd": 1, "adagrad": 1}
-
-
-def nvme_buffers(optimizer: str) -> NvmeBuffers:
-    """The swap buffers for ``optimizer``: as few optimizer buffers as DeepSpeed 0.19.8 needs.
-
-    ``PartitionedOptimizerSwapper.swap_in_optimizer_state`` (swap_tensor/partitioned_optimizer_swapper.py)
-    takes ``num_tensors() + 1`` buffers at once for a sub-group (fp32 master, each state, the
-    gradient) and asserts it got them; dsgen renders no pipelined swapping, which would need more.
-    So Adam/AdamW need DeepSpeed's default 4 and the one-state optimizers 3. Each buffer holds the
-    largest sub-group (``SwapBufferManager(num_elems=largest_numel, count=buffer_count)``), which
-    ``sub_group_size`` controls.
-    """
-    return replace(NVME_BUFFERS, optimizer_count=2 + SWAPPED_STATE_TENSORS.get(optimizer, 2))
 
 
 @dataclass(frozen=True)  # one per candidate plan
@@ -149,11 +113,13 @@ class NvmeMemory:
 
 @dataclass(frozen=True)  # one per candidate plan
 class MemoryEstimate:
-    """Every memory prediction for one plan: per GPU (worst rank), host and NVMe per node."""
+    """Every memory prediction for one plan: per GPU (worst rank), host and NVMe per node, and the
+    model-state record they were summed from (for readers that need one tensor's size)."""
 
     gpu: GpuMemory
     cpu: HostMemory
     nvme: NvmeMemory
+    model_states: ModelStates
 
 
 def buffer_bytes(shape: ModelShape, plan: Plan) -> int:
@@ -174,23 +140,6 @@ def buffer_bytes(shape: ModelShape, plan: Plan) -> int:
     return reduce + gathered + secondary
 
 
-def partial_offload_on_gpu(shape: ModelShape, plan: Plan, optimizer: str) -> int:
-    """Optimizer bytes that stay on the GPU when only ``offload_ratio`` of them go to the CPU.
-
-    ZeRO-3's partial offload (``offload_optimizer.ratio`` < 1) keeps the remaining sub-groups'
-    fp32 master weights, optimizer states and fp32 gradients on the GPU and steps them there.
-    The fp32 master slice is counted in fp32 training too: ZeRO-3 clones one whatever the
-    training dtype (``stage3.py``; the no-offload path and
-    :func:`~dsgen.estimate.model_states.offloaded_optimizer_bytes` count it the same way).
-    """
-    if plan.offload_optimizer != "cpu" or plan.offload_ratio >= 1:
-        return 0
-    partition = -(-shape.parameter_count() // plan.data_parallel_size)
-    # fp32 master + fp32 gradient per element, plus the optimizer's own state
-    per_partition = (FP32 + FP32) * partition + flat_state_bytes(optimizer, (partition,))
-    return int((1 - plan.offload_ratio) * per_partition)
-
-
 def transient_bytes(shape: ModelShape, plan: Plan, training: Training, recompute_working_set: int) -> int:
     """The largest short-lived allocation of a step beyond saved activations.
 
@@ -203,167 +152,66 @@ def transient_bytes(shape: ModelShape, plan: Plan, training: Training, recompute
     return max(logits, recompute_working_set)
 
 
-def stepped_elements(shape: ModelShape, plan: Plan) -> int:
-    """fp32 elements the optimizer updates in one call of its ``step``, as DeepSpeed 0.19.8 hands
-    them over: ZeRO-0 the flat fp32 master group (``FP16_Optimizer``/``BF16_Optimizer``; fp32
-    training: the model's tensors, all in one foreach call); ZeRO-1/2 the rank's flat partition of
-    the one parameter group (``stage_1_and_2.py``, ``_optimizer_step``); ZeRO-3 one sub-group at a
-    time, the largest (``stage3.py``, ``_optimizer_step`` per ``sub_group_id``)."""
-    if plan.zero_stage == 0:
-        return shape.parameter_count()
-    if plan.zero_stage < 3:
-        return zero12_partition(shape, plan.data_parallel_size)
-    k = plan.knobs
-    return zero3_layout(
-        shape, plan.data_parallel_size, k.param_persistence_threshold, k.sub_group_size
-    ).largest_sub_group
-
-
-def optimizer_step_temporary(shape: ModelShape, plan: Plan, optimizer: Optimizer) -> int:
+def optimizer_step_temporary(states: ModelStates, plan: Plan, optimizer: Optimizer) -> int:
     """GPU bytes the optimizer's step allocates beyond its states (optimizers.step_temporary_bytes)
-    over what DeepSpeed hands it at once. Offloaded optimizers step on the host with
-    DeepSpeedCPUAdam (a client optimizer is never offloaded)."""
+    over what DeepSpeed hands it at once (``Partitioning.stepped``). Offloaded optimizers step on
+    the host with DeepSpeedCPUAdam (a client optimizer is never offloaded)."""
     if plan.offload_optimizer != "none":
         return 0
-    return step_temporary_bytes(optimizer, stepped_elements(shape, plan))
+    return step_temporary_bytes(optimizer, states.partitioning.stepped)
 
 
-def host_bytes(
-    shape: ModelShape, plan: Plan, hardware: Hardware, optimizer: str, states: ModelStates | None = None
-) -> tuple[int, int]:
-    """(total, offloaded states) of host RAM per node; ``states``: the candidate's model states
-    when the caller holds them already (:func:`estimate_memory` does)."""
-    if states is None:
-        states = model_states(shape, plan, optimizer)
-    p = shape.parameter_count()
-    n = plan.data_parallel_size
+def host_bytes(states: ModelStates, plan: Plan, hardware: Hardware) -> tuple[int, int]:
+    """(total, offloaded states) of host RAM per node: each of the node's ranks holds what the
+    record says one rank's offload holds, beside its process."""
     ranks = hardware.gpus_per_node
-    per_rank_partition = -(-p // n)
-    w = plan.dtype_bytes
     offloaded = 0
     if plan.offload_optimizer == "cpu":
         # fp32 master weights (also in fp32 training), optimizer states, fp32 gradients and the
-        # 16-bit staging copies DeepSpeed pins for offload (model_states.offloaded_optimizer_bytes)
+        # 16-bit staging copies DeepSpeed pins for offload (ModelStates.offloaded_optimizer)
         offloaded += int(ranks * states.offloaded_optimizer * plan.offload_ratio)
     elif plan.offload_optimizer == "nvme":
-        offloaded += ranks * nvme_optimizer_host_bytes(shape, plan, optimizer)
-    if plan.offload_param == "cpu":
-        offloaded += ranks * w * per_rank_partition
-    elif plan.offload_param == "nvme":
-        buffers = nvme_buffers(optimizer)
-        offloaded += ranks * buffers.param_count * buffers.param_size * w  # pinned swap buffers
-    offloaded += ranks * pinned_rounding_bytes(shape, plan)
+        offloaded += ranks * states.nvme_optimizer_host
+    offloaded += ranks * states.offloaded_parameters_host
+    offloaded += ranks * states.pinned_rounding
     # Loading a checkpoint without zero.Init materialises the full 16-bit model in every process;
     # those host copies are freed once the engine moves the model to the GPU, before the offloaded
     # states are allocated, so the two do not add up.
-    loading = ranks * w * p if plan.zero_stage < 3 else 0
+    loading = ranks * plan.dtype_bytes * states.partitioning.parameters if plan.zero_stage < 3 else 0
     process = ranks * HOST_BYTES_PER_RANK
     return process + max(loading, offloaded), offloaded
 
 
-def pinned(nbytes: int) -> int:
-    """Host bytes a pinned allocation of ``nbytes`` takes: PyTorch's CachingHostAllocator (what
-    ``tensor.pin_memory()`` and so DeepSpeed's ``get_accelerator().pin_memory`` use) rounds every
-    block up to the next power of two (``ATen/core/CachingHostAllocator.h``: "Round up the
-    allocation to the nearest power of two to improve reuse", unless ``pinned_max_round_threshold``
-    is set; its default is SIZE_MAX), and keeps freed blocks cached, pinned."""
-    return 1 << (nbytes - 1).bit_length() if nbytes > 0 else 0
+def nvme_bytes(states: ModelStates, hardware: Hardware) -> int:
+    """NVMe bytes per node: what ZeRO-Infinity swaps out for each of the node's ranks."""
+    return hardware.gpus_per_node * states.nvme
 
 
-def pinned_rounding_bytes(shape: ModelShape, plan: Plan) -> int:
-    """Host bytes per rank that ZeRO-3 CPU offload pins beyond the tensors' own sizes (:func:`pinned`).
-
-    Optimizer offload pins the 16-bit gradient partitions as one flat buffer
-    (``stage3.py``: ``grad_partitions_flat_buffer``) and each sub-group's fp32 gradient
-    (``initialize_optimizer_states``: ``subgroup_gradient_buffer``). Parameter offload pins every
-    parameter's partition on its own when it is created (``partition_parameters.py``:
-    ``partitioned_tensor = get_accelerator().pin_memory(...)``), then copies them into one pinned
-    flat buffer (``stage3.py``: ``param_groups_fp16_flat_cpu_memory``,
-    ``_create_fp16_partitions_with_defragmentation``); the per-parameter blocks go back to the
-    allocator's cache, still pinned, and no later allocation of another size reuses them, so they
-    count whole. ZeRO-1/2 offload and the fp32 master weights and optimizer states (not pinned:
-    ``clone()`` and ``zeros_like``) are not rounded here.
-    """
-    if plan.zero_stage != 3:
-        return 0
-    w = plan.dtype_bytes
-    n = plan.data_parallel_size
-    k = plan.knobs
-    extra = 0
-    layout = zero3_layout(shape, n, k.param_persistence_threshold, k.sub_group_size)
-    if plan.offload_optimizer == "cpu":
-        flat = w * layout.partition
-        extra += pinned(flat) - flat
-        extra += sum(pinned(FP32 * g) - FP32 * g for g in layout.sub_groups)
-    if plan.offload_param == "cpu":
-        flat = w * layout.partition
-        extra += pinned(flat) - flat
-        extra += _pinned_parameter_partitions(shape, w, n)
-    return extra
-
-
-@lru_cache(maxsize=256)  # a property of the model, precision and data-parallel size
-def _pinned_parameter_partitions(shape: ModelShape, w: int, n: int) -> int:
-    """Pinned host bytes of every parameter's own partition, each rounded by :func:`pinned`."""
-    return sum(pinned(w * -(-t // n)) for t in parameter_tensors(shape))
-
-
-def nvme_optimizer_host_bytes(shape: ModelShape, plan: Plan, optimizer: str) -> int:
-    """Host bytes per rank of ZeRO-3 optimizer offload to NVMe, as DeepSpeed 0.19.8 allocates them
-    (``stage3.py``): the 16-bit gradient partitions (``grad_partitions_flat_buffer``, on the host
-    under optimizer offload, pinned); one fp32 gradient buffer of the largest sub-group that every
-    swapped sub-group's ``.grad`` views (``initialize_optimizer_states``: ``gradient_buffer``); and
-    the pinned swap buffers, ``buffer_count`` x the largest sub-group x 4 B (``SwapBufferManager``).
-    The fp32 gradients themselves are swapped out to NVMe per sub-group at the boundary
-    (``_offload_grad_partition_at_boundary`` -> ``_swap_out_offload_fp32_gradients``), and the fp32
-    master weights and states live on NVMe; neither stays in host RAM."""
-    k = plan.knobs
-    layout = zero3_layout(shape, plan.data_parallel_size, k.param_persistence_threshold, k.sub_group_size)
-    largest = layout.largest_sub_group
-    count = nvme_buffers(optimizer).optimizer_count
-    return plan.dtype_bytes * layout.partition + FP32 * largest + count * FP32 * largest
-
-
-def nvme_bytes(shape: ModelShape, plan: Plan, hardware: Hardware, optimizer: str) -> int:
-    """NVMe bytes per node: what ZeRO-Infinity swaps out for each of the node's ranks.
-
-    Optimizer offload swaps the fp32 master slice (which ZeRO-3 keeps in fp32 training too, as
-    :mod:`dsgen.estimate.model_states` counts it) and the optimizer states; parameter offload the
-    16-bit parameter partition.
-    """
-    p = shape.parameter_count()
-    per_rank_partition = -(-p // plan.data_parallel_size)
-    ranks = hardware.gpus_per_node
-    total = 0
-    if plan.offload_optimizer == "nvme":
-        total += ranks * (FP32 * per_rank_partition + flat_state_bytes(optimizer, (per_rank_partition,)))
-    if plan.offload_param == "nvme":
-        total += ranks * plan.dtype_bytes * per_rank_partition
-    return total
-
-
-def backward_gradient_bytes(plan: Plan, parameters: int, step_gradients: int) -> int:
+def backward_gradient_bytes(plan: Plan, states: ModelStates, step_gradients: int) -> int:
     """16-bit gradient memory while forward/backward run: whole ``param.grad`` without ZeRO, the
     rank's partition with it (DeepSpeed reduces buckets as backward proceeds; the buckets are in
     ``buffers``). Never more than the step's hand-off, which also holds the fp32 copy."""
-    w = plan.dtype_bytes
-    elements = parameters if plan.zero_stage == 0 else -(-parameters // plan.data_parallel_size)
-    return min(step_gradients, w * elements)
+    parts = states.partitioning
+    elements = parts.parameters if plan.zero_stage == 0 else parts.even_share
+    return min(step_gradients, plan.dtype_bytes * elements)
 
 
-def estimator_model_states(shape: ModelShape, plan: Plan, hardware: Hardware) -> tuple[ModelStates, int]:
+def estimator_model_states(
+    shape: ModelShape, plan: Plan, hardware: Hardware, states: ModelStates
+) -> tuple[ModelStates, int]:
     """(model states, host model states per node) in DeepSpeed's estimator accounting: its per-GPU
     figure split along its own formula (16-bit parameters; 2 + 4 bytes of gradients and 4 + 8 bytes
     of optimizer state per partitioned parameter; ZeRO-3's largest-layer allowance counted with the
     parameters). The three GPU terms add up to the estimator's number to the byte; the gradients'
-    backward phase is :func:`backward_gradient_bytes`."""
+    backward phase is :func:`backward_gradient_bytes`. ``states`` is dsgen's record of the plan:
+    its partitioning and NVMe terms stay, its GPU and host terms are replaced."""
     from dsgen.estimate.ds_estimator import deepspeed_estimator
 
     if plan.zero_stage == 0:
         # DeepSpeed's estimators cover ZeRO-2/3 only; unpartitioned states are its one-GPU case.
         hardware = replace(hardware, gpus_per_node=1, nodes=1)
     cpu, gpu = deepspeed_estimator(shape, plan, hardware)
-    p = shape.parameter_count()
+    p = states.partitioning.parameters
     if plan.zero_stage == 3:
         params = 4 * shape.largest_module_parameters()
         if plan.offload_param == "none":
@@ -373,8 +221,16 @@ def estimator_model_states(shape: ModelShape, plan: Plan, hardware: Hardware) ->
     params = min(params, gpu)
     rest = gpu - params
     grads = rest * 6 // 18
-    backward = backward_gradient_bytes(plan, p, grads)
-    return ModelStates(params, backward, grads, rest - grads, offloaded_optimizer=0), cpu
+    estimated = replace(
+        states,
+        parameters=params,
+        backward_gradients=backward_gradient_bytes(plan, states, grads),
+        step_gradients=grads,
+        optimizer_states=rest - grads,
+        partial_offload_on_gpu=0,
+        offloaded_optimizer=0,
+    )
+    return estimated, cpu
 
 
 def estimate_memory(
@@ -387,15 +243,12 @@ def estimate_memory(
     ``estimate_zero2/3_model_states_mem_needs``; activations, buffers and overheads, which that
     estimator ignores, stay dsgen's.
     """
-    optimizer = training.optimizer.type
     process = hardware.gpus_per_node * HOST_BYTES_PER_RANK
+    states = model_states(shape, plan, training.optimizer.type)
     if accounting == "dsgen":
-        states = model_states(shape, plan, optimizer)
-        gpu_optimizer_states = states.optimizer_states + partial_offload_on_gpu(shape, plan, optimizer)
-        host_total, offloaded = host_bytes(shape, plan, hardware, optimizer, states)
+        host_total, offloaded = host_bytes(states, plan, hardware)
     elif accounting == "deepspeed-estimator":
-        states, offloaded = estimator_model_states(shape, plan, hardware)
-        gpu_optimizer_states = states.optimizer_states
+        states, offloaded = estimator_model_states(shape, plan, hardware, states)
         host_total = process + offloaded
     else:
         raise ValueError(f"unknown accounting {accounting!r}; expected one of {ACCOUNTINGS}")
@@ -414,7 +267,7 @@ def estimate_memory(
     fixed = CUDA_CONTEXT_BYTES + COMM_LIBRARY_BYTES
     gpu = GpuMemory(
         parameters=states.parameters,
-        optimizer_states=gpu_optimizer_states,
+        optimizer_states=states.gpu_optimizer_states,
         activations=acts.total,
         buffers=buffers,
         transient=transient,
@@ -423,9 +276,9 @@ def estimate_memory(
         backward_gradients=states.backward_gradients,
         step_gradients=states.step_gradients,
         step_overhead=fixed,
-        step_temporary=optimizer_step_temporary(shape, plan, training.optimizer),
+        step_temporary=optimizer_step_temporary(states, plan, training.optimizer),
     )
     cpu = HostMemory(total=host_total, capacity=hardware.cpu_memory_bytes, offloaded_states=offloaded, process=process)
     nvme_capacity = hardware.nvme.capacity_bytes if hardware.nvme else 0
-    nvme = NvmeMemory(total=nvme_bytes(shape, plan, hardware, optimizer), capacity=nvme_capacity)
-    return MemoryEstimate(gpu=gpu, cpu=cpu, nvme=nvme)
+    nvme = NvmeMemory(total=nvme_bytes(states, hardware), capacity=nvme_capacity)
+    return MemoryEstimate(gpu=gpu, cpu=cpu, nvme=nvme, model_states=states)

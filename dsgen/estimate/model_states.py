@@ -27,6 +27,12 @@ The accounting follows the tensors DeepSpeed 0.19.8 really allocates (read from
   master copy exists in fp32 training too. With optimizer offload (CPU or NVMe) the gradient
   buffer moves to the host with the fp32 gradients, master and states.
 
+Everything here is computed once per plan, into one :class:`ModelStates` record (with its
+:class:`Partitioning`): the GPU terms of each phase, the host and NVMe bytes one rank's offload
+holds, and the element counts they are derived from. The memory estimate
+(:mod:`dsgen.estimate.memory`), DeepSpeed's estimator accounting and the report read that
+record; none of them derives a size again.
+
 "Gradients" is the most gradient memory held at any one moment of a step: the hand-off inside
 the optimizer step where the fp32 gradient has been formed and the gradients it was formed from
 are not yet freed (DeepSpeed's own estimator counts both, "2 grads16 + 4 grads32"), or, if that
@@ -47,6 +53,7 @@ from math import prod
 
 from dsgen.catalog.model_shape import TRAIT_FAMILIES, ModelShape
 from dsgen.estimate.optimizers import flat_state_bytes, state_bytes
+from dsgen.estimate.swap_buffers import nvme_buffers
 from dsgen.plan import Plan
 from dsgen.units import FP32
 
@@ -220,33 +227,110 @@ def zero3_layout(shape: ModelShape, ranks: int, persistence_threshold: int, sub_
 
 
 @dataclass(frozen=True)  # one per candidate plan
+class Partitioning:
+    """How one plan splits the model's elements over its ``ranks`` data-parallel ranks (worst rank)."""
+
+    parameters: int  # P, the whole model
+    ranks: int  # N
+    even_share: int  # ⌈P/N⌉: what parameter offload and NVMe swapping hold per rank
+    largest_tensor: int  # ZeRO-1/2 offload sizes its staging buffers by it
+    zero12_slice: int  # ZeRO-1/2: the rank's slice of the flat 16-bit group, padding included (else 0)
+    zero12_gradient_buffer: int  # ZeRO-1/2: the largest per-rank contiguous gradient buffer (else 0)
+    zero3: Zero3Layout | None  # ZeRO-3's per-tensor partitions and sub-groups (ZeRO-3 or NVMe offload)
+
+    # fp32 elements the optimizer updates in one call of its ``step``, as DeepSpeed 0.19.8 hands them
+    # over: ZeRO-0 the flat fp32 master group (``FP16_Optimizer``/``BF16_Optimizer``; fp32 training:
+    # the model's tensors, all in one foreach call); ZeRO-1/2 the rank's flat partition of the one
+    # parameter group (``stage_1_and_2.py``, ``_optimizer_step``); ZeRO-3 one sub-group at a time,
+    # the largest (``stage3.py``, ``_optimizer_step`` per ``sub_group_id``).
+    stepped: int
+
+
+def partitioning(shape: ModelShape, plan: Plan) -> Partitioning:
+    """The element counts of ``plan``'s partitioning (each memoised per model and rank count).
+
+    NVMe optimizer offload swaps ZeRO-3's sub-groups, so a config that asks for it at another
+    stage (``dsgen doctor`` reads such configs) is priced with ZeRO-3's layout, as DeepSpeed's
+    swapper would need it."""
+    p = shape.parameter_count()
+    n = plan.data_parallel_size
+    stage = plan.zero_stage
+    zero12 = stage in (1, 2)
+    k = plan.knobs
+    layout = None
+    if stage == 3 or plan.offload_optimizer == "nvme":
+        layout = zero3_layout(shape, n, k.param_persistence_threshold, k.sub_group_size)
+    slice_ = zero12_partition(shape, n) if zero12 else 0
+    stepped = p
+    if zero12:
+        stepped = slice_
+    elif layout is not None and stage == 3:
+        stepped = layout.largest_sub_group
+    return Partitioning(
+        parameters=p,
+        ranks=n,
+        even_share=-(-p // n),
+        largest_tensor=largest_parameter_tensor(shape),
+        zero12_slice=slice_,
+        zero12_gradient_buffer=zero12_gradient_buffer(shape, n) if zero12 else 0,
+        zero3=layout,
+        stepped=stepped,
+    )
+
+
+@dataclass(frozen=True)  # one per candidate plan
 class ModelStates:
     """One candidate's model states, computed once: what every memory term reads.
 
     GPU bytes of the worst rank (parameters, gradients in each phase, optimizer states kept on the
-    GPU) and the host bytes one rank's full CPU optimizer offload pins.
+    GPU), and the host and NVMe bytes one rank's offload holds. Per-node totals multiply these by
+    the node's ranks (:mod:`dsgen.estimate.memory`).
     """
 
+    partitioning: Partitioning
     parameters: int
     backward_gradients: int  # the most gradient bytes held at the end of backward
     step_gradients: int  # ... and at the optimizer step's hand-off (fp32 copy formed)
     optimizer_states: int  # fp32 master and optimizer state on the GPU (0 when offloaded)
-    offloaded_optimizer: int  # host bytes of one rank's CPU optimizer offload (0 without)
+    partial_offload_on_gpu: int = 0  # what ZeRO-3 partial CPU offload keeps on the GPU
+    offloaded_optimizer: int = 0  # host bytes of one rank's full CPU optimizer offload (0 without)
+    nvme_optimizer_host: int = 0  # host bytes of one rank's NVMe optimizer offload (0 without)
+    offloaded_parameters_host: int = 0  # host bytes of one rank's parameter offload (CPU or NVMe)
+    pinned_rounding: int = 0  # host bytes one rank's pinned blocks take beyond their tensors
+    nvme: int = 0  # NVMe bytes one rank swaps out (ZeRO-Infinity)
 
     @property
     def gradients(self) -> int:
         """The most gradient memory held at once, in either phase."""
         return max(self.backward_gradients, self.step_gradients)
 
+    @property
+    def gpu_optimizer_states(self) -> int:
+        """Optimizer bytes on the GPU: the states kept there and a partial offload's GPU share."""
+        return self.optimizer_states + self.partial_offload_on_gpu
+
 
 def model_states(shape: ModelShape, plan: Plan, optimizer: str) -> ModelStates:
     """Every model-state term of ``plan`` on one GPU and its host (see the module docstring)."""
-    backward, step = gradient_bytes_by_phase(shape, plan)
-    params, states = _parameters_and_states(shape, plan, optimizer)
-    return ModelStates(params, backward, step, states, offloaded_optimizer_bytes(shape, plan, optimizer))
+    parts = partitioning(shape, plan)
+    backward, step = _gradients_by_phase(shape, plan, parts)
+    params, states = _parameters_and_states(shape, plan, parts, optimizer)
+    return ModelStates(
+        partitioning=parts,
+        parameters=params,
+        backward_gradients=backward,
+        step_gradients=step,
+        optimizer_states=states,
+        partial_offload_on_gpu=_partial_offload_on_gpu(plan, parts, optimizer),
+        offloaded_optimizer=_offloaded_optimizer(plan, parts, optimizer),
+        nvme_optimizer_host=_nvme_optimizer_host(plan, parts, optimizer),
+        offloaded_parameters_host=_offloaded_parameters_host(plan, parts, optimizer),
+        pinned_rounding=_pinned_rounding(shape, plan, parts),
+        nvme=_nvme(plan, parts, optimizer),
+    )
 
 
-def gradient_bytes_by_phase(shape: ModelShape, plan: Plan) -> tuple[int, int]:
+def _gradients_by_phase(shape: ModelShape, plan: Plan, parts: Partitioning) -> tuple[int, int]:
     """(end of backward, optimizer step): the most gradient bytes one GPU holds in each phase.
 
     Backward (activations may still be alive): stage 0 and ZeRO-1 hold every ``param.grad`` whole
@@ -255,8 +339,7 @@ def gradient_bytes_by_phase(shape: ModelShape, plan: Plan) -> tuple[int, int]:
     (activations freed): the hand-off, where the fp32 gradient has been formed from the 16-bit
     gradients still held. ZeRO-1/2 CPU offload keep a largest-tensor staging buffer throughout.
     """
-    p = shape.parameter_count()
-    n = plan.data_parallel_size
+    p = parts.parameters
     w = plan.dtype_bytes
     stage = plan.zero_stage
     offloaded = plan.offload_optimizer != "none"
@@ -266,16 +349,20 @@ def gradient_bytes_by_phase(shape: ModelShape, plan: Plan) -> tuple[int, int]:
     if stage < 3:
         whole = w * p if stage == 1 else 0
         if offloaded:
-            staging = w * largest_parameter_tensor(shape)
+            staging = w * parts.largest_tensor
             return whole + staging, staging
-        buffer = w * zero12_gradient_buffer(shape, n)
+        buffer = w * parts.zero12_gradient_buffer
         accumulating = 2 * buffer if stage == 2 and plan.gradient_accumulation_steps > 1 else buffer
-        return max(whole, accumulating), buffer + FP32 * zero12_partition(shape, n)
+        return max(whole, accumulating), buffer + FP32 * parts.zero12_slice
     if offloaded:
         return 0, 0  # the gradient buffer and the fp32 gradients live on the host
-    k = plan.knobs
-    layout = zero3_layout(shape, n, k.param_persistence_threshold, k.sub_group_size)
+    layout = _zero3(parts)
     return w * layout.partition, w * layout.partition + FP32 * layout.largest_sub_group
+
+
+def _zero3(parts: Partitioning) -> Zero3Layout:
+    assert parts.zero3 is not None, "a ZeRO-3 term asked of a plan without ZeRO-3's layout"
+    return parts.zero3
 
 
 @lru_cache(maxsize=256)
@@ -285,10 +372,9 @@ def _whole_model_state_bytes(shape: ModelShape, optimizer: str) -> int:
     return state_bytes(optimizer, parameter_shapes(shape))
 
 
-def _parameters_and_states(shape: ModelShape, plan: Plan, optimizer: str) -> tuple[int, int]:
+def _parameters_and_states(shape: ModelShape, plan: Plan, parts: Partitioning, optimizer: str) -> tuple[int, int]:
     """(parameters, optimizer states) on one GPU, in bytes (the worst rank)."""
-    p = shape.parameter_count()
-    n = plan.data_parallel_size
+    p = parts.parameters
     w = plan.dtype_bytes
     stage = plan.zero_stage
     offloaded = plan.offload_optimizer != "none"
@@ -299,12 +385,11 @@ def _parameters_and_states(shape: ModelShape, plan: Plan, optimizer: str) -> tup
         return w * p, master + _whole_model_state_bytes(shape, optimizer)
 
     if stage < 3:
-        size = zero12_partition(shape, n)
-        params = w * size * n  # the flat 16-bit group, padding included
+        size = parts.zero12_slice
+        params = w * size * parts.ranks  # the flat 16-bit group, padding included
         return params, 0 if offloaded else FP32 * size + flat_state_bytes(optimizer, (size,))
 
-    k = plan.knobs
-    layout = zero3_layout(shape, n, k.param_persistence_threshold, k.sub_group_size)
+    layout = _zero3(parts)
     # Persistent tensors keep their whole data and their partition on the GPU even with offload_param.
     partitions = layout.persistent_partition if plan.offload_param != "none" else layout.partition
     params = w * (layout.persistent + partitions)
@@ -312,16 +397,24 @@ def _parameters_and_states(shape: ModelShape, plan: Plan, optimizer: str) -> tup
     return params, 0 if offloaded else states
 
 
-def model_state_bytes(shape: ModelShape, plan: Plan, optimizer: str) -> tuple[int, int, int]:
-    """(parameters, gradients, optimizer states) on one GPU, in bytes (the worst rank).
+def _partial_offload_on_gpu(plan: Plan, parts: Partitioning, optimizer: str) -> int:
+    """Optimizer bytes that stay on the GPU when only ``offload_ratio`` of them go to the CPU.
 
-    ``gradients`` is the larger of :func:`gradient_bytes_by_phase`'s two phases.
+    ZeRO-3's partial offload (``offload_optimizer.ratio`` < 1) keeps the remaining sub-groups'
+    fp32 master weights, optimizer states and fp32 gradients on the GPU and steps them there.
+    The fp32 master slice is counted in fp32 training too: ZeRO-3 clones one whatever the
+    training dtype (``stage3.py``; the no-offload path and :func:`_offloaded_optimizer` count it
+    the same way).
     """
-    states = model_states(shape, plan, optimizer)
-    return states.parameters, states.gradients, states.optimizer_states
+    if plan.offload_optimizer != "cpu" or plan.offload_ratio >= 1:
+        return 0
+    share = parts.even_share
+    # fp32 master + fp32 gradient per element, plus the optimizer's own state
+    per_partition = (FP32 + FP32) * share + flat_state_bytes(optimizer, (share,))
+    return int((1 - plan.offload_ratio) * per_partition)
 
 
-def offloaded_optimizer_bytes(shape: ModelShape, plan: Plan, optimizer: str) -> int:
+def _offloaded_optimizer(plan: Plan, parts: Partitioning, optimizer: str) -> int:
     """Host bytes one rank's CPU optimizer offload allocates (0 without offload).
 
     What DeepSpeed 0.19.8 pins on the host: the fp32 master slice, the optimizer states and the
@@ -333,14 +426,107 @@ def offloaded_optimizer_bytes(shape: ModelShape, plan: Plan, optimizer: str) -> 
     if plan.offload_optimizer != "cpu" or plan.zero_stage == 0:
         return 0
     w = plan.dtype_bytes
-    n = plan.data_parallel_size
     per_element = FP32 + FP32 + w  # master, fp32 gradient, 16-bit copy
     if plan.zero_stage < 3:
-        size = zero12_partition(shape, n)
-        host = per_element * size + flat_state_bytes(optimizer, (size,)) + w * largest_parameter_tensor(shape)
+        size = parts.zero12_slice
+        host = per_element * size + flat_state_bytes(optimizer, (size,)) + w * parts.largest_tensor
         if plan.zero_stage == 2 and plan.gradient_accumulation_steps > 1:
-            host += w * zero12_gradient_buffer(shape, n)
+            host += w * parts.zero12_gradient_buffer
         return host
-    k = plan.knobs
-    layout = zero3_layout(shape, n, k.param_persistence_threshold, k.sub_group_size)
+    layout = _zero3(parts)
     return per_element * layout.partition + flat_state_bytes(optimizer, layout.sub_groups)
+
+
+def _nvme_optimizer_host(plan: Plan, parts: Partitioning, optimizer: str) -> int:
+    """Host bytes per rank of ZeRO-3 optimizer offload to NVMe, as DeepSpeed 0.19.8 allocates them
+    (``stage3.py``): the 16-bit gradient partitions (``grad_partitions_flat_buffer``, on the host
+    under optimizer offload, pinned); one fp32 gradient buffer of the largest sub-group that every
+    swapped sub-group's ``.grad`` views (``initialize_optimizer_states``: ``gradient_buffer``); and
+    the pinned swap buffers, ``buffer_count`` x the largest sub-group x 4 B (``SwapBufferManager``).
+    The fp32 gradients themselves are swapped out to NVMe per sub-group at the boundary
+    (``_offload_grad_partition_at_boundary`` -> ``_swap_out_offload_fp32_gradients``), and the fp32
+    master weights and states live on NVMe; neither stays in host RAM."""
+    if plan.offload_optimizer != "nvme":
+        return 0
+    layout = _zero3(parts)
+    largest = layout.largest_sub_group
+    count = nvme_buffers(optimizer).optimizer_count
+    return plan.dtype_bytes * layout.partition + FP32 * largest + count * FP32 * largest
+
+
+def _offloaded_parameters_host(plan: Plan, parts: Partitioning, optimizer: str) -> int:
+    """Host bytes per rank of parameter offload: the 16-bit partition (CPU), or the pinned swap
+    buffers ``offload_param.buffer_count x buffer_size`` (NVMe)."""
+    if plan.offload_param == "cpu":
+        return plan.dtype_bytes * parts.even_share
+    if plan.offload_param == "nvme":
+        buffers = nvme_buffers(optimizer)
+        return buffers.param_count * buffers.param_size * plan.dtype_bytes
+    return 0
+
+
+def _nvme(plan: Plan, parts: Partitioning, optimizer: str) -> int:
+    """NVMe bytes one rank swaps out. Optimizer offload swaps the fp32 master slice (which ZeRO-3
+    keeps in fp32 training too) and the optimizer states; parameter offload the 16-bit partition."""
+    share = parts.even_share
+    total = 0
+    if plan.offload_optimizer == "nvme":
+        total += FP32 * share + flat_state_bytes(optimizer, (share,))
+    if plan.offload_param == "nvme":
+        total += plan.dtype_bytes * share
+    return total
+
+
+def pinned(nbytes: int) -> int:
+    """Host bytes a pinned allocation of ``nbytes`` takes: PyTorch's CachingHostAllocator (what
+    ``tensor.pin_memory()`` and so DeepSpeed's ``get_accelerator().pin_memory`` use) rounds every
+    block up to the next power of two (``ATen/core/CachingHostAllocator.h``: "Round up the
+    allocation to the nearest power of two to improve reuse", unless ``pinned_max_round_threshold``
+    is set; its default is SIZE_MAX), and keeps freed blocks cached, pinned."""
+    return 1 << (nbytes - 1).bit_length() if nbytes > 0 else 0
+
+
+def _pinned_rounding(shape: ModelShape, plan: Plan, parts: Partitioning) -> int:
+    """Host bytes per rank that ZeRO-3 CPU offload pins beyond the tensors' own sizes (:func:`pinned`).
+
+    Optimizer offload pins the 16-bit gradient partitions as one flat buffer
+    (``stage3.py``: ``grad_partitions_flat_buffer``) and each sub-group's fp32 gradient
+    (``initialize_optimizer_states``: ``subgroup_gradient_buffer``). Parameter offload pins every
+    parameter's partition on its own when it is created (``partition_parameters.py``:
+    ``partitioned_tensor = get_accelerator().pin_memory(...)``), then copies them into one pinned
+    flat buffer (``stage3.py``: ``param_groups_fp16_flat_cpu_memory``,
+    ``_create_fp16_partitions_with_defragmentation``); the per-parameter blocks go back to the
+    allocator's cache, still pinned, and no later allocation of another size reuses them, so they
+    count whole. ZeRO-1/2 offload and the fp32 master weights and optimizer states (not pinned:
+    ``clone()`` and ``zeros_like``) are not rounded here.
+    """
+    if plan.zero_stage != 3:
+        return 0
+    w = plan.dtype_bytes
+    layout = _zero3(parts)
+    extra = 0
+    if plan.offload_optimizer == "cpu":
+        flat = w * layout.partition
+        extra += pinned(flat) - flat
+        extra += sum(pinned(FP32 * g) - FP32 * g for g in layout.sub_groups)
+    if plan.offload_param == "cpu":
+        flat = w * layout.partition
+        extra += pinned(flat) - flat
+        extra += _pinned_parameter_partitions(shape, w, parts.ranks)
+    return extra
+
+
+@lru_cache(maxsize=256)  # a property of the model, precision and data-parallel size
+def _pinned_parameter_partitions(shape: ModelShape, w: int, n: int) -> int:
+    """Pinned host bytes of every parameter's own partition, each rounded by :func:`pinned`."""
+    return sum(pinned(w * -(-t // n)) for t in parameter_tensors(shape))
+
+
+# ---- readers of the record, for tests and benches that ask for one term ---------------------------
+def model_state_bytes(shape: ModelShape, plan: Plan, optimizer: str) -> tuple[int, int, int]:
+    """(parameters, gradients, optimizer states) on one GPU, in bytes (the worst rank).
+
+    ``gradients`` is the larger of the two phases of :class:`ModelStates`.
+    """
+    states = model_states(shape, plan, optimizer)
+    return states.parameters, states.gradients, states.optimizer_states
