@@ -136,6 +136,7 @@ def parameter_tensors(shape: ModelShape) -> tuple[int, ...]:
     return tuple(prod(s) for s in parameter_shapes(shape))
 
 
+@lru_cache(maxsize=256)
 def largest_parameter_tensor(shape: ModelShape) -> int:
     """Elements of the largest single parameter tensor (ZeRO-1/2 offload sizes staging buffers by it)."""
     return max(parameter_tensors(shape))
