@@ -125,6 +125,7 @@ def solve(
 ) -> None:
     """Solve the spec and report the plan; nothing is written. Exit 3 when nothing fits."""
     from dsgen.api import load_spec, solve_spec
+    from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
     from dsgen.report import evaluation_dict, human_summary, ranked_table, result_dict
 
     result = solve_spec(load_spec(spec_file, overrides or []), accounting.value)
@@ -132,6 +133,7 @@ def solve(
         body = result_dict(result)
         if top:
             body["ranked"] = [evaluation_dict(e, result.spec) for e in result.ranked[:top]]
+            body["tie_band"] = STEP_TIME_TIE_BAND  # relative step-time difference ranked as a tie
         typer.echo(json.dumps(body, indent=2))
     else:
         typer.echo(human_summary(result))
