@@ -418,7 +418,7 @@ def _fix(
 ) -> tuple[Fix, ...]:
     """Fixes from the solver's search, for a config that is tight, out of memory or needs its
     batch corrected; nothing for one that fits."""
-    if p.config_plan is None or p.evaluation is None:
+    if p.config_plan is None or p.evaluation is None or limit <= 0:
         return ()
     needs_fix = p.fit.verdict in ("tight", "oom", "host-oom") or not p.evaluation.feasible
     if not needs_fix and not v.base_changes:
