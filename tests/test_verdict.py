@@ -193,3 +193,30 @@ def test_tight_doctor_exit_code_and_fit() -> None:
     assert d.exit_code == 3
     assert any(f.code == "tight" and "published runs" in f.message for f in d.findings)
     assert d.fixes and all(f.evaluation.fit.verdict == "fits" for f in d.fixes)
+
+
+TIGHT_SPEC = """model: {preset: qwen2.5-1.5b}
+hardware: {gpu: l4, gpus_per_node: 1, nodes: 1, cpu_memory_gib: 256}
+training: {sequence_length: 8704, global_batch_size: 8}
+"""
+
+
+def test_new_writes_a_tight_plan_only_with_allow_tight(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from tests.cli_helpers import run_cli
+
+    (tmp_path / "spec.yaml").write_text(TIGHT_SPEC)
+    spec, out = str(tmp_path / "spec.yaml"), str(tmp_path / "ds.json")
+    refused = run_cli(["new", spec, "-o", out], capsys)
+    assert refused.exit_code == 3 and not (tmp_path / "ds.json").exists()
+    solved = json.loads(run_cli(["solve", spec, "--json"], capsys).stdout)
+    assert solved["verdict"] == "tight" and solved["feasible"] is False
+    written = run_cli(["new", spec, "-o", out, "--allow-tight", "--json"], capsys)
+    assert written.exit_code == 0, written.stderr
+    body = json.loads(written.stdout)
+    assert body["verdict"] == "tight" and SAFE_LINE < body["fill"] <= 1.0 and body["evidence"]
+    assert (tmp_path / "ds.json").exists()
+    # a user who pins a headroom below the calibrated one gets the tight plan written without the flag
+    pinned = run_cli(["new", spec, "-o", str(tmp_path / "p.json"), "--set", "constraints.memory_headroom=0.0"], capsys)
+    assert pinned.exit_code == 0 and "verdict   tight" in pinned.stdout

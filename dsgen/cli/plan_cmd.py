@@ -82,6 +82,13 @@ def new(
     template_dir: Annotated[
         Path | None, typer.Option("--template-dir", help="Your own templates, searched before dsgen's.", metavar="DIR")
     ] = None,
+    allow_tight: Annotated[
+        bool,
+        typer.Option(
+            "--allow-tight",
+            help="Write a plan above the calibrated safe line (but below GPU capacity) when none fits below it.",
+        ),
+    ] = False,
 ) -> None:
     """Solve the spec, render and validate the DeepSpeed config (and the target's files), and write them."""
     from dsgen.api import build_bundle
@@ -89,7 +96,13 @@ def new(
     from dsgen.targets.bundle import default_destination, write_bundle
 
     result, bundle = build_bundle(
-        spec_file, overrides or [], accounting.value, target=target, launcher=launcher, template_dir=template_dir
+        spec_file,
+        overrides or [],
+        accounting.value,
+        target=target,
+        launcher=launcher,
+        template_dir=template_dir,
+        allow_tight=allow_tight,
     )
     spec = result.spec
     dest = output if output is not None else _resolve_output(spec_file, default_destination(spec, bundle))
