@@ -180,8 +180,8 @@ def tie_band_note() -> str:
 
 def ranked_table(result: SolveResult, top: int) -> str:
     """The ``--top N`` table: the recommended plans in order, with memory, speed, MFU, the step time
-    against the first plan's, and ``tie`` where a plan is within the model's error band of the fastest
-    plan (so the step-time model cannot tell the two apart)."""
+    against the first plan's, and ``tie`` (yes/-): whether a plan is within the model's error band of
+    the fastest plan (so the step-time model cannot tell the two apart)."""
     spec = result.spec
     first = result.ranked[0].step.total_s if result.ranked else 0.0
     fastest = min((e.step.total_s for e in result.ranked), default=0.0)
@@ -199,7 +199,7 @@ def ranked_table(result: SolveResult, top: int) -> str:
         "tokens/s",
         "MFU",
         "vs #1",
-        "",
+        "tie",
     ]
     rows = [
         (
@@ -216,11 +216,11 @@ def ranked_table(result: SolveResult, top: int) -> str:
             f"{e.tokens_per_s:,.0f}",
             f"{_mfu(e, spec):.1%}",
             f"{e.step.total_s / first:.2f}x",
-            "tie" if e.step.total_s <= fastest * (1 + STEP_TIME_TIE_BAND) else "",
+            "yes" if e.step.total_s <= fastest * (1 + STEP_TIME_TIE_BAND) else "-",
         )
         for index, e in enumerate(result.ranked[:top], start=1)
     ]
-    table = tie_band_note() + "\n" + text_table(header, rows, right={0, 1, 5, 6, 7, 8, 9, 10, 11, 12})
+    table = tie_band_note() + "\n\n" + text_table(header, rows, right={0, 1, 5, 6, 7, 8, 9, 10, 11, 12, 13})
     return table if rows else table + "\n    (no feasible plan)"
 
 

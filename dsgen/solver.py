@@ -124,6 +124,12 @@ class SolveResult:
     def feasible(self) -> bool:
         return self.best is not None and self.best.feasible
 
+    @property
+    def fit(self) -> FitVerdict | None:
+        """The calibrated verdict of the plan shown (the chosen one, else the closest miss)."""
+        shown = self.best if self.best is not None else self.closest
+        return shown.fit if shown is not None else None
+
 
 def gib(value: float) -> str:
     if value >= 1024 * GIB:
