@@ -1,8 +1,9 @@
 """Search precision x ZeRO stage x offload x checkpointing x micro-batch for the fastest plan that fits.
 
 The search is exhaustive over the (small) discrete space: every candidate is priced by the pure
-memory and step-time models, then ranked. It is deterministic: candidates are generated in a
-fixed order and ties break toward the simpler plan.
+memory and step-time models, then ranked within the step-time model's measured error: plans
+predicted within ``STEP_TIME_TIE_BAND`` of each other are ties, and ties go to the simpler plan
+(:func:`rank_within_error`). It is deterministic: candidates are generated in a fixed order.
 """
 
 from __future__ import annotations
@@ -487,18 +488,18 @@ def _within(limit: float, e: Evaluation) -> bool:
 
 
 def rank_within_error(
-    evaluations: list[Evaluation], shape: ModelShape, band: float = STEP_TIME_TIE_BAND
+    evaluations: list[Evaluation], shape: ModelShape, band: float = STEP_TIME_TIE_BAND, places: int = TIE_RANKED
 ) -> list[Evaluation]:
     """Feasible plans in the order the solver recommends them, respecting the model's own error.
 
     Plans predicted within ``band`` (relative) of the fastest remaining plan are ties the step-time
     model cannot separate (docs/throughput-model.md, "Ranking within the model's error"); of those
     the simplest (:func:`simplicity_key`) goes first, the faster of equally simple ones on top.
-    Repeated for the first :data:`TIE_RANKED` places."""
+    Repeated for the first ``places`` places (:data:`TIE_RANKED`)."""
     remaining = sorted(evaluations, key=_rank_key)
     bases = {stage: default_knobs(shape, stage) for stage in {e.plan.zero_stage for e in remaining}}
     ranked: list[Evaluation] = []
-    while remaining and len(ranked) < TIE_RANKED:
+    while remaining and len(ranked) < places:
         window = takewhile(partial(_within, remaining[0].step.total_s * (1 + band)), remaining)  # by time
         pick = min(window, key=lambda e: (simplicity_key(e, bases[e.plan.zero_stage]), _rank_key(e)))
         ranked.append(pick)
@@ -636,7 +637,7 @@ def _shrink_sub_groups(chosen: Evaluation, price: Callable[[ZeroKnobs], Evaluati
 def _best_of(evaluations: list[Evaluation], shape: ModelShape) -> Evaluation:
     fits = [e for e in evaluations if e.feasible]
     if fits:
-        return rank_within_error(fits, shape)[0]
+        return rank_within_error(fits, shape, places=1)[0]
     return min(evaluations, key=lambda e: (e.shortfall(), _rank_key(e)))
 
 
