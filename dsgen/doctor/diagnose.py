@@ -18,7 +18,7 @@ from dsgen.doctor.config_to_plan import ConfigPlan, config_to_plan
 from dsgen.doctor.fixes import Fix, find_fixes
 from dsgen.doctor.keys import with_changes
 from dsgen.doctor.oom_match import OomReading, read_oom
-from dsgen.doctor.oom_message import parse_oom
+from dsgen.doctor.oom_message import OomMessage, parse_oom
 from dsgen.errors import DsgenError, ExitCode
 from dsgen.plan import Plan
 from dsgen.report import PHASE_LABELS
@@ -193,7 +193,8 @@ class _Validation:
 
 @dataclass(frozen=True)
 class _Pricing:
-    """Step 3: the config as a plan, its evaluation, and the verdict of that evaluation."""
+    """Step 3: the config as a plan, its evaluation, the verdict of that evaluation, and what this
+    step found (checkpointing assumed, the config's notes, the memory findings)."""
 
     config_plan: ConfigPlan | None
     evaluation: Evaluation | None
@@ -214,18 +215,17 @@ def diagnose(
     """Everything ``dsgen doctor`` reports about ``config`` on ``spec``'s cluster."""
     _check_inputs(config, world_size)
     world = world_size or spec.hardware.world_size
-    spec = _spec_at(spec, world)
-    oom_message = parse_oom(error_text) if error_text is not None else None
     start: tuple[DoctorFinding, ...] = ()
     if world != spec.hardware.world_size:
         start = (DoctorFinding("info", "world-size", f"priced on {world} GPUs (--world-size)"),)
+    spec = _spec_at(spec, world)
+    oom_message = parse_oom(error_text) if error_text is not None else None
     resolution = _resolve(config, spec, world, trainer_args)
     validation = _validate_step(config, spec, resolution)
-    pricing = _price(
-        config, spec, trainer_args, resolution, validation, (*start, *resolution.findings, *validation.findings)
-    )
+    pricing = _price(spec, trainer_args, resolution, validation)
     fixes = _fix(config, spec, trainer_args, resolution, validation, pricing, world, max_fixes)
-    return _report(config, spec, world, resolution, validation, pricing, fixes, oom_message)
+    findings = (*start, *resolution.findings, *validation.findings, *pricing.findings)
+    return _report(config, spec, world, resolution, validation, pricing, fixes, findings, oom_message)
 
 
 def _check_inputs(config: Any, world_size: int | None) -> None:
@@ -322,16 +322,10 @@ def _validate_step(config: dict[str, Any], spec: Spec, r: _Resolution) -> _Valid
     return _Validation(report, priced_batch, base_changes, tuple(findings))
 
 
-def _price(
-    config: dict[str, Any],
-    spec: Spec,
-    trainer_args: Mapping[str, Any] | None,
-    r: _Resolution,
-    v: _Validation,
-    earlier: tuple[DoctorFinding, ...],
-) -> _Pricing:
-    """The config as a plan, priced by the solver's own models, and its calibrated verdict."""
-    findings = list(earlier)
+def _price(spec: Spec, trainer_args: Mapping[str, Any] | None, r: _Resolution, v: _Validation) -> _Pricing:
+    """The config as a plan, priced by the solver's own models, and its calibrated verdict
+    (``invalid`` when an earlier step found an error, or there is no batch DeepSpeed accepts)."""
+    findings: list[DoctorFinding] = []
     mode, mode_source, mode_note = _checkpointing(spec, trainer_args)
     if mode_note:
         assumed = mode_source == "assumed"
@@ -354,7 +348,8 @@ def _price(
                 DoctorFinding("warning" if pinned else "info", "spec-pin" if pinned else "config-note", note)
             )
         evaluation = evaluate(spec, config_plan.plan)
-    if evaluation is None or any(f.severity == "error" for f in findings):
+    refused = any(f.severity == "error" for f in (*r.findings, *v.findings, *findings))
+    if evaluation is None or refused:
         fill = evaluation.fit.fill if evaluation is not None else None
         fit = invalid(fill)
     else:
@@ -434,10 +429,11 @@ def _report(
     v: _Validation,
     p: _Pricing,
     fixes: tuple[Fix, ...],
-    oom_message: Any,
+    earlier: tuple[DoctorFinding, ...],
+    oom_message: OomMessage | None,
 ) -> Diagnosis:
     """The Diagnosis, with the out-of-memory message read against the prediction."""
-    findings = list(p.findings)
+    findings = list(earlier)
     oom = read_oom(oom_message, spec, p.evaluation) if oom_message is not None and p.evaluation is not None else None
     if oom_message is not None and p.evaluation is None:
         findings.append(
