@@ -172,6 +172,23 @@ def _near(candidate: Plan, current: Plan) -> Plan:
     return replace(candidate, knobs=knobs)
 
 
+DEVICE_NAMES: dict[OffloadDevice, str] = {"none": "no", "cpu": "CPU", "nvme": "NVMe"}
+
+
+def _offload_text(plan: Plan) -> str:
+    if plan.offload_optimizer == "none" and plan.offload_param == "none":
+        return "no offload"
+    if plan.offload_optimizer == "cpu" and plan.offload_ratio < 1:
+        optimizer = f"partial CPU optimizer offload (ratio {plan.offload_ratio:g})"
+    elif plan.offload_optimizer != "none":
+        optimizer = f"{DEVICE_NAMES[plan.offload_optimizer]} optimizer offload"
+    else:
+        optimizer = "no optimizer offload"
+    if plan.offload_param == "none":
+        return optimizer if plan.offload_optimizer != "none" else "no offload"
+    return f"{optimizer} + {DEVICE_NAMES[plan.offload_param]} parameter offload"
+
+
 def describe(current: Plan, target: Plan) -> str:
     """A short label of what a fix changes in the plan."""
     parts = []
@@ -182,10 +199,7 @@ def describe(current: Plan, target: Plan) -> str:
         current.offload_param,
         current.offload_ratio,
     ):
-        if target.offload_optimizer == "cpu" and target.offload_ratio < 1:
-            parts.append(f"partial CPU optimizer offload (ratio {target.offload_ratio:g})")
-        else:
-            parts.append(target.offload_label())
+        parts.append(_offload_text(target))
     if target.knobs.zeropp != current.knobs.zeropp:
         parts.append(f"ZeRO++ {target.knobs.zeropp}")
     if target.checkpointing != current.checkpointing:
