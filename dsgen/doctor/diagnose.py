@@ -161,7 +161,7 @@ def _dominant(evaluation: Evaluation) -> Dominant:
     return Dominant(phase, TERM_NAMES.get(name, name), terms[name], terms[name] / total if total else 0.0)
 
 
-def _validate(config: dict[str, Any], resolved: Resolved, parallel: Parallel) -> Report:
+def _run_validator(config: dict[str, Any], resolved: Resolved, parallel: Parallel) -> Report:
     world = parallel.batch_world
     world_size = int(world) if float(world).is_integer() and world >= 1 else None
     if resolved.unresolved:
@@ -221,7 +221,7 @@ def diagnose(
     spec = _spec_at(spec, world)
     oom_message = parse_oom(error_text) if error_text is not None else None
     resolution = _resolve(config, spec, world, trainer_args)
-    validation = _validate_step(config, spec, resolution)
+    validation = _validate(config, spec, resolution)
     pricing = _price(spec, trainer_args, resolution, validation)
     fixes = _fix(config, spec, trainer_args, resolution, validation, pricing, world, max_fixes)
     findings = (*start, *resolution.findings, *validation.findings, *pricing.findings)
@@ -275,9 +275,9 @@ def _resolve(config: dict[str, Any], spec: Spec, world: int, trainer_args: Mappi
     return _Resolution(resolved, assumptions, parallel, derive(resolved.config, parallel), tuple(findings))
 
 
-def _validate_step(config: dict[str, Any], spec: Spec, r: _Resolution) -> _Validation:
+def _validate(config: dict[str, Any], spec: Spec, r: _Resolution) -> _Validation:
     """The validator's findings, DeepSpeed's batch assertion quoted, and the batch to price."""
-    report = _validate(config, r.resolved, r.parallel)
+    report = _run_validator(config, r.resolved, r.parallel)
     batch = r.batch
     findings = [
         DoctorFinding(f.severity, f.rule_id, f.message, f.hint)
@@ -520,7 +520,7 @@ def _fixes(
         derived = derive(resolved.config, parallel)
         # DeepSpeed must end up with exactly this split, so the global batch is kept
         same_split = derived.micro_batch_size == micro and derived.gradient_accumulation_steps == accum
-        ok = derived.ok and same_split and not resolved.mismatches and _validate(fixed, resolved, parallel).ok
+        ok = derived.ok and same_split and not resolved.mismatches and _run_validator(fixed, resolved, parallel).ok
         return (resolved, parallel, derived) if ok else None
 
     def price_at(headroom: float, fixed: dict[str, Any], target: Plan) -> Evaluation | None:
