@@ -101,6 +101,65 @@ def mfu(e: Evaluation, case: dict[str, Any], gpu_peak_flops: float) -> float:
     return e.step.model_flops / e.step.total_s / world / gpu_peak_flops
 
 
+def pair_ratio_errors(
+    corpus: dict[str, Any], cases: dict[str, dict[str, Any]], predicted: dict[str, dict[str, float]]
+) -> list[float]:
+    """|log(predicted ratio / measured ratio)| for every countable pair of a group that varies only
+    dimensions the solver chooses (run knobs): the basis of dsgen's tie band."""
+    errors = []
+    for group in corpus["groups"].values():
+        if not set(group["varies"]) <= SOLVER_DIMENSIONS:
+            continue
+        for a, b in itertools.combinations(group["cases"], 2):
+            ma, mb = float(cases[a]["measured"]["value"]), float(cases[b]["measured"]["value"])
+            if abs(ma - mb) <= TIE * max(ma, mb):
+                continue
+            pa, pb = predicted[a]["run"], predicted[b]["run"]
+            errors.append(abs(math.log((pa / pb) / (ma / mb))))
+    return errors
+
+
+def offload_calibration(
+    corpus: dict[str, Any], cases: dict[str, dict[str, Any]], evaluations: dict[str, tuple[Evaluation, Spec]]
+) -> dict[str, tuple[float, float]]:
+    """Per optimizer-offload pair: (measured offload seconds per step, dsgen's first-order price).
+
+    Measured seconds come from the measured tokens/s where the source gives an absolute level, else
+    from the measured ratio applied to dsgen's step without offload; the first-order price is
+    dsgen's offload seconds without CPU_OFFLOAD_MEASURED_FACTOR."""
+    found = {}
+    for name, group in corpus["groups"].items():
+        if group["varies"] != ["offload_optimizer"]:
+            continue
+        off, on = sorted(group["cases"], key=lambda c: cases[c]["offload_optimizer"] != "none")
+        (e_off, _), (e_on, _) = evaluations[off], evaluations[on]
+        m_off, m_on = float(cases[off]["measured"]["value"]), float(cases[on]["measured"]["value"])
+        tokens_off, tokens_on = measured_tokens_per_s(cases[off]), measured_tokens_per_s(cases[on])
+        if tokens_off and tokens_on:
+            work = e_on.plan.global_batch_size * cases[on]["sequence_length"]
+            measured_extra = work / tokens_on - work / tokens_off
+        else:
+            measured_extra = e_off.step.total_s * (m_off / m_on - 1)
+        priced = e_on.step.offload_s / CPU_OFFLOAD_MEASURED_FACTOR
+        if priced > 0:
+            found[name] = (measured_extra, priced)
+    return found
+
+
+def price_corpus(
+    corpus: dict[str, Any],
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, float]], dict[str, tuple[Evaluation, Spec]]]:
+    """Every run of ``corpus`` priced: cases by id, predictions in the measured unit, evaluations."""
+    cases = {c["id"]: c for c in corpus["cases"]}
+    predicted: dict[str, dict[str, float]] = {}
+    evaluations: dict[str, tuple[Evaluation, Spec]] = {}
+    for case_id, case in cases.items():
+        priced = price(case, corpus)
+        evaluations[case_id] = (priced.run, priced.spec)
+        predicted[case_id] = {"dsgen": in_unit(priced.dsgen, case), "run": in_unit(priced.run, case)}
+    return cases, predicted, evaluations
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write one row per run to this file")
@@ -108,9 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     corpus = load_corpus(args.corpus)
-    cases = {c["id"]: c for c in corpus["cases"]}
-    predicted: dict[str, dict[str, float]] = {}
-    evaluations: dict[str, tuple[Evaluation, Spec]] = {}
+    cases, predicted, evaluations = price_corpus(corpus)
     rows = []
     header = (
         f"{'run':40} {'measured':>10} {'unit':16} | {'dsgen':>10} {'ratio':>6} | {'run knobs':>10} {'ratio':>6} | "
@@ -119,14 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     print(header)
     print("-" * len(header))
     for case_id, case in cases.items():
-        priced = price(case, corpus)
-        evaluations[case_id] = (priced.run, priced.spec)
+        e, spec = evaluations[case_id]
         value = float(case["measured"]["value"])
-        pred = {"dsgen": in_unit(priced.dsgen, case), "run": in_unit(priced.run, case)}
-        predicted[case_id] = pred
-        e = priced.run
+        pred = predicted[case_id]
         relative = case["measured"]["unit"] == "per_runtime"  # 1 / runtime of a workload: only ratios mean anything
-        implied_mfu = mfu(e, case, priced.spec.hardware.gpu.peak_tflops(e.plan.precision) * 1e12)
+        implied_mfu = mfu(e, case, spec.hardware.gpu.peak_tflops(e.plan.precision) * 1e12)
         print(
             f"{case_id[:40]:40} {value:10.4g} {case['measured']['unit']:16} | {pred['dsgen']:10.4g} "
             f"{ratio_text(pred['dsgen'], value, relative)} | {pred['run']:10.4g} {ratio_text(pred['run'], value, relative)} | {e.step.total_s:7.2f} "
@@ -187,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"pair order under the solver's tie rule (run knobs; ties within {STEP_TIME_TIE_BAND:.0%} go to the simpler plan):"
     )
-    errors: list[float] = []
+    errors = pair_ratio_errors(corpus, cases, predicted)
     tie_ok = tie_n = 0
     for name, group in corpus["groups"].items():
         for a, b in itertools.combinations(group["cases"], 2):
@@ -196,8 +250,6 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             (ea, sa), (eb, sb) = evaluations[a], evaluations[b]
             pa, pb = predicted[a]["run"], predicted[b]["run"]
-            if set(group["varies"]) <= SOLVER_DIMENSIONS:
-                errors.append(abs(math.log((pa / pb) / (ma / mb))))
             # the solver compares step times of one workload; per-sample units keep the order of
             # plans that differ in sequence or model (their workloads differ), so use the unit's order
             same_work = set(group["varies"]) <= SOLVER_DIMENSIONS
@@ -216,30 +268,16 @@ def main(argv: list[str] | None = None) -> int:
             f"pair-ratio error over {len(errors)} pairs that vary a solver dimension: median |log(pred/meas)| "
             f"{median:.3f} = {math.exp(median) - 1:.0%} (the tie band in dsgen: {STEP_TIME_TIE_BAND:.0%})"
         )
-    calibration = []
-    for name, group in corpus["groups"].items():
-        if group["varies"] != ["offload_optimizer"]:
-            continue
-        off, on = sorted(group["cases"], key=lambda c: cases[c]["offload_optimizer"] != "none")
-        (e_off, _), (e_on, _) = evaluations[off], evaluations[on]
-        m_off, m_on = float(cases[off]["measured"]["value"]), float(cases[on]["measured"]["value"])
-        # measured seconds of offload per step: from the measured tokens/s where the source gives an
-        # absolute level, else the measured ratio applied to dsgen's step without offload
-        tokens_off, tokens_on = measured_tokens_per_s(cases[off]), measured_tokens_per_s(cases[on])
-        if tokens_off and tokens_on:
-            work = e_on.plan.global_batch_size * cases[on]["sequence_length"]
-            measured_extra = work / tokens_on - work / tokens_off
-        else:
-            measured_extra = e_off.step.total_s * (m_off / m_on - 1)
-        priced = e_on.step.offload_s / CPU_OFFLOAD_MEASURED_FACTOR
-        if priced > 0:
-            calibration.append(measured_extra / priced)
-            print(
-                f"offload calibration {name}: measured offload {measured_extra:.2f} s / first-order price {priced:.2f} s = {measured_extra / priced:.2f}"
-            )
-    if calibration:
+    calibration = offload_calibration(corpus, cases, evaluations)
+    for name, (measured_extra, priced) in calibration.items():
         print(
-            f"offload calibration: median {statistics.median(calibration):.2f} over {len(calibration)} pairs "
+            f"offload calibration {name}: measured offload {measured_extra:.2f} s / first-order price "
+            f"{priced:.2f} s = {measured_extra / priced:.2f}"
+        )
+    if calibration:
+        ratios_off = [m / p for m, p in calibration.values()]
+        print(
+            f"offload calibration: median {statistics.median(ratios_off):.2f} over {len(ratios_off)} pairs "
             f"(dsgen uses CPU_OFFLOAD_MEASURED_FACTOR {CPU_OFFLOAD_MEASURED_FACTOR})"
         )
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from dsgen.estimate.throughput import STEP_TIME_TIE_BAND, StepTime
 from dsgen.plan import Plan
 from dsgen.solver import Evaluation, default_knobs, evaluate, rank_within_error
@@ -105,3 +107,32 @@ training: {sequence_length: 2048, global_batch_size: 256}
     plan = result.best.plan
     assert (plan.zero_stage, plan.offload_optimizer, plan.offload_param) == (3, "none", "none")
     assert result.best.fit.verdict == "fits"
+
+
+def test_band_and_offload_factor_are_the_measured_figures() -> None:
+    """STEP_TIME_TIE_BAND is the median pair-ratio error and CPU_OFFLOAD_MEASURED_FACTOR the median
+    measured/priced offload seconds on bench/data/throughput_outcomes.yaml, re-derived here."""
+    import importlib.util
+    import math
+    import statistics
+    import sys
+
+    from dsgen.estimate.throughput import CPU_OFFLOAD_MEASURED_FACTOR
+    from tests.conftest import REPO_ROOT
+
+    sys.path.insert(0, str(REPO_ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location(
+        "dsgen_bench_throughput", REPO_ROOT / "bench" / "throughput_accuracy.py"
+    )
+    assert spec and spec.loader
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    corpus = bench.load_corpus("throughput_outcomes")
+    cases, predicted, evaluations = bench.price_corpus(corpus)
+    errors = bench.pair_ratio_errors(corpus, cases, predicted)
+    assert len(errors) >= 20
+    assert math.exp(statistics.median(errors)) - 1 == pytest.approx(STEP_TIME_TIE_BAND, abs=0.01)
+    calibration = bench.offload_calibration(corpus, cases, evaluations)
+    assert len(calibration) == 3
+    ratios = [measured / priced for measured, priced in calibration.values()]
+    assert statistics.median(ratios) == pytest.approx(CPU_OFFLOAD_MEASURED_FACTOR, abs=0.01)
