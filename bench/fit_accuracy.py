@@ -14,6 +14,12 @@ see bench/outcome_specs.py), solves it, and prints:
 * for each miss, one classified reason: the first not-yet-modelled term that, added to dsgen's
   prediction, would flip the verdict (or, for over-predictions, dsgen's largest term).
 
+Then, for every case, the verdict ``dsgen doctor`` itself gives (dsgen.doctor.diagnose on the run's
+config and a spec that pins only checkpointing; fits / tight / oom / host-oom, dsgen.verdict) and
+the calibration of its bands: the safe line and the outcomes of the runs in each band. A run that
+ran out of GPU memory is predicted right by ``tight`` or ``oom``. ``--corpus fit_heldout`` runs the
+same on the held-out published outcomes.
+
 Final lines: ``verdicts right N/M (X %)`` for each pricing, for dsgen at its default
 ``memory_headroom`` (the verdict a user gets, with the cases it gets wrong) and for DeepSpeed's
 estimator, then the GPU verdicts under other headrooms.
@@ -37,10 +43,12 @@ for entry in (str(REPO), str(REPO / "bench")):
     if entry not in sys.path:  # run as a script from a checkout: import this dsgen and the bench helpers
         sys.path.insert(0, entry)
 
-from outcome_specs import Priced, load_corpus, price  # noqa: E402
+from outcome_specs import Priced, doctor_config, doctor_spec, load_corpus, price  # noqa: E402
 
+from dsgen.doctor.diagnose import diagnose  # noqa: E402
 from dsgen.solver import Evaluation  # noqa: E402
 from dsgen.spec.defaults import spec_default  # noqa: E402
+from dsgen.verdict import BANDS, SAFE_LINE  # noqa: E402
 
 GIB = 1 << 30
 VERDICTS = ("fits", "oom", "host_oom")
@@ -180,9 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write one row per case to this file")
     parser.add_argument("--case", action="append", default=[], help="only these case ids")
+    parser.add_argument("--corpus", default="fit_outcomes", help="bench/data/<name>.yaml (fit_heldout: held out)")
     args = parser.parse_args(argv)
 
-    corpus = load_corpus("fit_outcomes")
+    corpus = load_corpus(args.corpus)
     cases = [c for c in corpus["cases"] if not args.case or c["id"] in args.case]
     z2, z3, ds_source = _ds_functions()
     rows = []
@@ -301,12 +310,54 @@ def main(argv: list[str] | None = None) -> int:
             f"runs that fit called oom: {wrong_fits}, runs that ran out of GPU memory called fits: {wrong_ooms}"
         )
     n, m = tallies["ds"]
-    print(
-        f"DeepSpeed estimator {n}/{m} ({n / m:.0%}) - {ds_source}; stage-0 cases have no estimator and are not counted"
-    )
+    if m:
+        print(
+            f"DeepSpeed estimator {n}/{m} ({n / m:.0%}) - {ds_source}; stage-0 cases have no estimator and are not counted"
+        )
+    doctor_verdicts(cases, corpus)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     return 0
+
+
+DOCTOR_RIGHT = {"fits": ("fits",), "oom": ("tight", "oom"), "host_oom": ("host-oom",)}
+
+
+def doctor_verdicts(cases: list[dict[str, Any]], corpus: dict[str, Any]) -> None:
+    """What ``dsgen doctor`` says of every run, and the calibration of its bands."""
+    print()
+    print("dsgen doctor's own verdict per case (the run's config, a spec pinning only checkpointing):")
+    rows = []
+    for case in cases:
+        spec = doctor_spec(case, corpus)
+        d = diagnose(doctor_config(case, corpus, spec.model), spec, max_fixes=0)
+        ok = d.verdict in DOCTOR_RIGHT[case["outcome"]]
+        rows.append((case, d.fit.fill, d.verdict, ok))
+        print(
+            f"  {case['id'][:48]:48} {case['outcome']:8} doctor {d.verdict:8} fill {d.fit.fill:6.1%} {'' if ok else 'x'}"
+        )
+    right_n = sum(ok for *_, ok in rows)
+    print(
+        f"doctor verdicts right {right_n}/{len(rows)} ({right_n / len(rows):.0%}) - tight counts as out of GPU memory"
+    )
+    for case, fill, verdict, ok in rows:
+        if not ok:
+            print(f"  wrong: {case['id']} ({case['outcome']}; doctor {verdict} at {fill:.0%})")
+    print()
+    print(f"calibration: safe line {SAFE_LINE:.0%} of GPU capacity (1 - the default memory_headroom)")
+    gpu_rows = [(c, f) for c, f, v, _ in rows if v != "host-oom"]
+    for band in BANDS:
+        inside = [c for c, f in gpu_rows if band.low < f <= band.high or (band.low == 0 and f <= band.high)]
+        ooms = sum(c["outcome"] == "oom" for c in inside)
+        high = "inf" if band.high == float("inf") else f"{band.high:.0%}"
+        print(
+            f"  calibration {band.verdict:6} ({band.low:.0%}, {high}]: {len(inside)} runs, {ooms} ran out of GPU memory"
+            f"  (dsgen.verdict.BANDS says {band.runs} / {band.gpu_oom})"
+        )
+    host = [c for c, _f, v, _ in rows if v == "host-oom"]
+    print(
+        f"  host-oom verdicts: {len(host)} runs, {sum(c['outcome'] == 'host_oom' for c in host)} ran out of host memory"
+    )
 
 
 if __name__ == "__main__":

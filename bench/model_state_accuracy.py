@@ -308,9 +308,9 @@ def report(rows: list[dict[str, Any]]) -> float:
         print(f"{row['model']:<11} {row['case']:<19}" + "".join(cells))
     print()
     print("not compared (MiB per rank): reduce-bucket buffers, other live tensors; gradients by phase")
-    print("(model_states.gradient_bytes_by_phase, predicted / measured); for offload, host split into")
+    print("(ModelStates.backward_gradients and .step_gradients, predicted / measured); for offload, host split into")
     print("states (master, moments, fp32 grads) + 16-bit staging buffers, and the full host prediction")
-    print("of model_states.offloaded_optimizer_bytes:")
+    print("of ModelStates.offloaded_optimizer:")
     for row in (r for r in rows if "error" not in r):
         m, p = row["measured"], row["predicted"]
         line = f"  {row['model']:<11} {row['case']:<19} buffers {mib(m['buffers'])}  other {mib(m['other'])}"
@@ -322,7 +322,7 @@ def report(rows: list[dict[str, Any]]) -> float:
             host = m["host_states"] + m["host_buffers"]
             line += (
                 f"\n  {'':<31} host states {mib(m['host_states'])} + staging {mib(m['host_buffers'])}"
-                f"  offloaded_optimizer_bytes {mib(full)} ({relative_error(full, host):+.2%})"
+                f"  offloaded_optimizer {mib(full)} ({relative_error(full, host):+.2%})"
             )
         if row["note"]:
             line += f"  [{row['note']}]"

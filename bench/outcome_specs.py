@@ -175,3 +175,54 @@ def price(case: dict[str, Any], corpus: dict[str, Any]) -> Priced:
     # solver may have picked a partial-offload share for ZeRO-3, which constraints cannot pin.
     plan = replace(chosen.plan, knobs=run_knobs(case, corpus, spec.model), offload_ratio=1.0)
     return Priced(spec=spec, dsgen=chosen, run=evaluate(spec, plan))
+
+
+def doctor_config(case: dict[str, Any], corpus: dict[str, Any], shape: ModelShape) -> dict[str, Any]:
+    """The DeepSpeed config the run used, as ``dsgen doctor`` reads one: its batch triple,
+    precision, stage, offload devices and ZeRO knobs (DeepSpeed's defaults where it said nothing)."""
+    knobs = run_knobs(case, corpus, shape)
+    stage = case["zero_stage"]
+    world = case["gpus_per_node"] * case["nodes"]
+    zero: dict[str, Any] = {"stage": stage}
+    if stage > 0:
+        zero.update(
+            reduce_bucket_size=knobs.reduce_bucket_size,
+            overlap_comm=knobs.overlap_comm,
+            contiguous_gradients=knobs.contiguous_gradients,
+        )
+        if case["offload_optimizer"] != "none":
+            zero["offload_optimizer"] = {
+                "device": "cpu" if stage < 3 else case["offload_optimizer"],
+                "pin_memory": True,
+            }
+    if stage in (1, 2):
+        zero["allgather_bucket_size"] = knobs.allgather_bucket_size
+    if stage == 3:
+        zero.update(
+            stage3_prefetch_bucket_size=knobs.prefetch_bucket_size,
+            stage3_param_persistence_threshold=knobs.param_persistence_threshold,
+            stage3_max_live_parameters=knobs.max_live_parameters,
+            stage3_max_reuse_distance=knobs.max_reuse_distance,
+            sub_group_size=knobs.sub_group_size,
+        )
+        if case["offload_param"] != "none":
+            zero["offload_param"] = {"device": case["offload_param"], "pin_memory": True}
+    config: dict[str, Any] = {
+        "train_batch_size": case["micro_batch"] * case["grad_accum"] * world,
+        "train_micro_batch_size_per_gpu": case["micro_batch"],
+        "gradient_accumulation_steps": case["grad_accum"],
+        "zero_optimization": zero,
+    }
+    if case["precision"] in ("bf16", "fp16"):
+        config[case["precision"]] = {"enabled": True}
+    return config
+
+
+def doctor_spec(case: dict[str, Any], corpus: dict[str, Any]) -> Spec:
+    """The spec ``dsgen doctor`` is given for the run: the cluster, sequence, attention, optimizer and
+    whether the script checkpoints; nothing else pinned, the default memory_headroom."""
+    mapping = spec_mapping(case, corpus)
+    mapping["constraints"] = {"activation_checkpointing": case["activation_checkpointing"]}
+    if case.get("nvme_gib") or case["offload_optimizer"] == "nvme" or case["offload_param"] == "nvme":
+        mapping["hardware"]["nvme"] = {"path": "/local_nvme", "capacity_gib": case.get("nvme_gib", 3500)}
+    return build_spec(mapping)

@@ -132,7 +132,9 @@ def doctor(
 
     data = config if isinstance(config, dict) else loader.load(config).data
     loaded_spec = spec if isinstance(spec, Spec) else load_spec(spec)
-    args = training_args if isinstance(training_args, dict) or training_args is None else load_training_args(training_args)
+    args = (
+        training_args if isinstance(training_args, dict) or training_args is None else load_training_args(training_args)
+    )
     return diagnose(data, loaded_spec, world_size=world_size, trainer_args=args, error_text=error)
 
 
@@ -183,13 +185,24 @@ def build_bundle(
     target: str | None = None,
     launcher: str | None = None,
     template_dir: str | Path | None = None,
+    allow_tight: bool = False,
 ) -> tuple[SolveResult, Bundle]:
-    """:func:`build_config` for a whole target bundle (``dsgen new --target/--launcher``)."""
+    """:func:`build_config` for a whole target bundle (``dsgen new --target/--launcher``).
+
+    ``allow_tight``: when no plan fits below the safe line, take the fastest "tight" one (below
+    GPU capacity, above the line; dsgen.verdict) rather than raising InfeasibleError."""
     from dsgen.solver import require_feasible
     from dsgen.targets.bundle import resolve
 
     spec = load_spec(path, overrides)
     chosen, how = resolve(spec, target, launcher)  # a bad choice fails before the solver runs
     result = solve_spec(spec, accounting)
+    if allow_tight and not result.feasible and not result.fully_pinned:
+        from dataclasses import replace
+
+        # below capacity is what a tight plan must meet: search again with no headroom
+        relaxed = replace(spec, constraints=replace(spec.constraints, memory_headroom=0.0))
+        tight = solve_spec(relaxed, accounting)
+        result = tight if tight.feasible else result
     best = require_feasible(result)
-    return result, render_bundle(spec, best.plan, chosen, how, template_dir)
+    return result, render_bundle(result.spec, best.plan, chosen, how, template_dir)

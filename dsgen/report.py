@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from dsgen.estimate.optimizers import client_optimizer_class, is_client_optimizer
+from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
 from dsgen.plan import Plan, plan_dict
 from dsgen.solver import Evaluation, SolveResult, gib
 from dsgen.spec.types import Spec
 from dsgen.text_table import text_table
 from dsgen.units import GIB
+from dsgen.verdict import SAFE_LINE
 from dsgen.vocabulary import StepPhase
 
 PHASE_LABELS: dict[StepPhase, str] = {"forward_backward": "forward/backward", "optimizer_step": "the optimizer step"}
@@ -63,6 +65,7 @@ def evaluation_dict(e: Evaluation, spec: Spec) -> dict[str, Any]:
         "tokens_per_s": round(e.tokens_per_s, 3),
         "mfu": round(_mfu(e, spec), 4),
         "reason": e.reason() or None,
+        **e.fit.as_dict(),  # verdict, fill, band, safe_line, evidence (dsgen.verdict)
     }
 
 
@@ -97,9 +100,22 @@ def result_dict(result: SolveResult) -> dict[str, Any]:
     return body
 
 
+def tie_band_note() -> str:
+    """How ``solve --top`` orders plans, and where its band comes from."""
+    return (
+        f"ranked within the step-time model's error: plans within {STEP_TIME_TIE_BAND:.0%} of the fastest are "
+        "ties and go to the simpler plan (less offload, lower stage, no quantization, fewer tuned knobs); "
+        "the band is the model's median pair-ratio error on published measurements (docs/throughput-model.md)"
+    )
+
+
 def ranked_table(result: SolveResult, top: int) -> str:
-    """The ``--top N`` table: the N fastest feasible plans with memory, speed and MFU."""
+    """The ``--top N`` table: the recommended plans in order, with memory, speed, MFU, the step time
+    against the first plan's, and ``tie`` (yes/-): whether a plan is within the model's error band of
+    the fastest plan (so the step-time model cannot tell the two apart)."""
     spec = result.spec
+    first = result.ranked[0].step.total_s if result.ranked else 0.0
+    fastest = min((e.step.total_s for e in result.ranked), default=0.0)
     header = [
         "#",
         "stage",
@@ -113,6 +129,8 @@ def ranked_table(result: SolveResult, top: int) -> str:
         "step s",
         "tokens/s",
         "MFU",
+        "vs #1",
+        "tie",
     ]
     rows = [
         (
@@ -128,10 +146,12 @@ def ranked_table(result: SolveResult, top: int) -> str:
             f"{e.step.total_s:.3f}",
             f"{e.tokens_per_s:,.0f}",
             f"{_mfu(e, spec):.1%}",
+            f"{e.step.total_s / first:.2f}x",
+            "yes" if e.step.total_s <= fastest * (1 + STEP_TIME_TIE_BAND) else "-",
         )
         for index, e in enumerate(result.ranked[:top], start=1)
     ]
-    table = text_table(header, rows, right={0, 1, 5, 6, 7, 8, 9, 10, 11})
+    table = tie_band_note() + "\n\n" + text_table(header, rows, right={0, 1, 5, 6, 7, 8, 9, 10, 11, 12, 13})
     return table if rows else table + "\n    (no feasible plan)"
 
 
@@ -251,6 +271,10 @@ def human_summary(result: SolveResult) -> str:
         f"step time {e.step.total_s:.3f} s (compute {e.step.compute_s:.3f}, exposed comm "
         f"{e.step.exposed_comm_s:.3f}, offload {e.step.offload_s:.3f}); {e.tokens_per_s:,.0f} tokens/s"
     )
+    fit = e.fit
+    lines.append(f"verdict   {fit.verdict} ({fit.fill:.0%} of GPU capacity; safe line {SAFE_LINE:.0%})")
+    if fit.evidence:
+        lines.append(f"          {fit.evidence}")
     if not e.feasible:
         lines.append(f"DOES NOT FIT: {e.reason()}")
     return "\n".join(lines)

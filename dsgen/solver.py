@@ -1,8 +1,9 @@
 """Search precision x ZeRO stage x offload x checkpointing x micro-batch for the fastest plan that fits.
 
 The search is exhaustive over the (small) discrete space: every candidate is priced by the pure
-memory and step-time models, then ranked. It is deterministic: candidates are generated in a
-fixed order and ties break toward the simpler plan.
+memory and step-time models, then ranked within the step-time model's measured error: plans
+predicted within ``STEP_TIME_TIE_BAND`` of each other are ties, and ties go to the simpler plan
+(:func:`rank_within_error`). It is deterministic: candidates are generated in a fixed order.
 """
 
 from __future__ import annotations
@@ -10,16 +11,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from functools import partial
+from itertools import takewhile
 from typing import TypeVar
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.errors import DsgenError, InfeasibleError
 from dsgen.estimate.memory import HOST_RESERVE, MemoryEstimate, estimate_memory
 from dsgen.estimate.optimizers import is_client_optimizer
-from dsgen.estimate.throughput import StepTime, estimate_step_time
+from dsgen.estimate.throughput import STEP_TIME_TIE_BAND, StepTime, estimate_step_time
 from dsgen.plan import Plan, ZeroKnobs
 from dsgen.spec.types import Spec
 from dsgen.units import GIB
+from dsgen.verdict import FitVerdict, classify
 from dsgen.vocabulary import CHECKPOINTING_MODES, OFFLOAD_DEVICES, Accounting, Checkpointing, OffloadDevice, Precision
 
 # ties break toward the simpler plan: no offload, then CPU, then NVMe; no recomputation, then
@@ -56,6 +59,13 @@ class Evaluation:
     @property
     def feasible(self) -> bool:
         return self.fits_gpu and self.fits_cpu and self.fits_nvme
+
+    @property
+    def fit(self) -> FitVerdict:
+        """The calibrated verdict (fits | tight | oom | host-oom) of this plan's memory, with its fill
+        and band (dsgen.verdict); independent of the spec's own memory_headroom, which decides
+        ``feasible``."""
+        return classify(self.memory.gpu.total, self.memory.gpu.capacity, self.fits_cpu and self.fits_nvme)
 
     @property
     def tokens_per_s(self) -> float:
@@ -114,6 +124,12 @@ class SolveResult:
     @property
     def feasible(self) -> bool:
         return self.best is not None and self.best.feasible
+
+    @property
+    def fit(self) -> FitVerdict | None:
+        """The calibrated verdict of the plan shown (the chosen one, else the closest miss)."""
+        shown = self.best if self.best is not None else self.closest
+        return shown.fit if shown is not None else None
 
 
 def gib(value: float) -> str:
@@ -429,6 +445,68 @@ def _rank_key(e: Evaluation) -> tuple[float, int, int, int, int, int]:
     )
 
 
+def simplicity_key(e: Evaluation, base: ZeroKnobs) -> tuple[float, ...]:
+    """How far a plan is from the plainest DeepSpeed run, most important first: offload (parameters,
+    then optimizer, then the offloaded share), ZeRO stage, quantized ZeRO++ (qwZ/qgZ change the
+    numerics), hpZ, recomputation, then how many ZeRO knobs differ from the stage's first (fastest,
+    least tuned) setting, ``base`` (:func:`default_knobs`). Offload comes before the stage because it moves the step onto the host:
+    host RAM, pinned memory and DeepSpeedCPUAdam become part of what can fail."""
+    p = e.plan
+    k = p.knobs
+    tuned = sum(getattr(k, name) != getattr(base, name) for name in KNOB_FIELDS)
+    return (
+        OFFLOAD_ORDER[p.offload_param],
+        OFFLOAD_ORDER[p.offload_optimizer],
+        p.offload_ratio if p.offload_optimizer != "none" else 0.0,
+        p.zero_stage,
+        int(k.quantized_weights or k.quantized_gradients),
+        int(k.hpz_partition_size > 1),
+        CHECKPOINTING_ORDER[p.checkpointing],
+        tuned,
+    )
+
+
+#: ZeroKnobs fields counted by :func:`simplicity_key` (ZeRO++ is counted on its own).
+KNOB_FIELDS = (
+    "reduce_bucket_size",
+    "allgather_bucket_size",
+    "overlap_comm",
+    "prefetch_bucket_size",
+    "param_persistence_threshold",
+    "max_live_parameters",
+    "max_reuse_distance",
+    "sub_group_size",
+)
+
+#: Only the first plans of a ranking are placed by the tie rule (``solve --top`` shows at most a few);
+#: the rest follow in predicted step time. Bounds the cost on a search with thousands of feasible plans.
+TIE_RANKED = 32
+
+
+def _within(limit: float, e: Evaluation) -> bool:
+    return e.step.total_s <= limit
+
+
+def rank_within_error(
+    evaluations: list[Evaluation], shape: ModelShape, band: float = STEP_TIME_TIE_BAND, places: int = TIE_RANKED
+) -> list[Evaluation]:
+    """Feasible plans in the order the solver recommends them, respecting the model's own error.
+
+    Plans predicted within ``band`` (relative) of the fastest remaining plan are ties the step-time
+    model cannot separate (docs/throughput-model.md, "Ranking within the model's error"); of those
+    the simplest (:func:`simplicity_key`) goes first, the faster of equally simple ones on top.
+    Repeated for the first ``places`` places (:data:`TIE_RANKED`)."""
+    remaining = sorted(evaluations, key=_rank_key)
+    bases = {stage: default_knobs(shape, stage) for stage in {e.plan.zero_stage for e in remaining}}
+    ranked: list[Evaluation] = []
+    while remaining and len(ranked) < places:
+        window = takewhile(partial(_within, remaining[0].step.total_s * (1 + band)), remaining)  # by time
+        pick = min(window, key=lambda e: (simplicity_key(e, bases[e.plan.zero_stage]), _rank_key(e)))
+        ranked.append(pick)
+        remaining.remove(pick)
+    return ranked + remaining
+
+
 def _is_fully_pinned(spec: Spec) -> bool:
     c = spec.constraints
     stage_pins = c.zero_stage is not None
@@ -556,10 +634,10 @@ def _shrink_sub_groups(chosen: Evaluation, price: Callable[[ZeroKnobs], Evaluati
     return chosen
 
 
-def _best_of(evaluations: list[Evaluation]) -> Evaluation:
+def _best_of(evaluations: list[Evaluation], shape: ModelShape) -> Evaluation:
     fits = [e for e in evaluations if e.feasible]
     if fits:
-        return min(fits, key=_rank_key)
+        return rank_within_error(fits, shape, places=1)[0]
     return min(evaluations, key=lambda e: (e.shortfall(), _rank_key(e)))
 
 
@@ -580,7 +658,7 @@ def solve(spec: Spec, accounting: Accounting = "dsgen") -> SolveResult:
     dp = spec.hardware.world_size
     target = resolve_global_batch(spec, dp)
     evaluations, evaluated = _search(spec, target.sequences, accounting)
-    feasible = sorted((e for e in evaluations if e.feasible), key=_rank_key)
+    feasible = rank_within_error([e for e in evaluations if e.feasible], spec.model)
     closest = None if feasible else min(evaluations, key=lambda e: (e.shortfall(), _rank_key(e)))
     pinned = _is_fully_pinned(spec)
     # A fully pinned spec reports that exact plan, feasible or not.
@@ -594,7 +672,7 @@ def solve(spec: Spec, accounting: Accounting = "dsgen") -> SolveResult:
         if not of_stage:
             alternatives.append(Alternative(stage, None, "excluded by constraints"))
             continue
-        top = _best_of(of_stage)
+        top = _best_of(of_stage, spec.model)
         alternatives.append(Alternative(stage, top, _compare(top, best)))
     offload_choices = []
     if shown is not None:
@@ -603,7 +681,7 @@ def solve(spec: Spec, accounting: Accounting = "dsgen") -> SolveResult:
             by_label.setdefault(e.plan.offload_label(), []).append(e)
         by_label.pop(shown.plan.offload_label(), None)
         for label in sorted(by_label):
-            top = _best_of(by_label[label])
+            top = _best_of(by_label[label], spec.model)
             offload_choices.append((label, top, _compare(top, best)))
     return SolveResult(
         spec=spec,

@@ -273,5 +273,8 @@ def manifest_row(sweep: Sweep, outcome: Outcome, written: list[str]) -> dict[str
         # flat values, so the CSV stays one value per cell
         "offload_optimizer_ratio": offload_optimizer_ratio(plan) if plan else None,
         "zeropp": plan.knobs.zeropp if plan else None,
+        # the calibrated verdict (dsgen.verdict) and GPU fill, appended for the same reason
+        "verdict": e.fit.verdict if e else None,
+        "fill": round(e.fit.fill, 4) if e else None,
         "files": written,
     }

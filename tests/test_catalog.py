@@ -653,6 +653,16 @@ def test_config_directory_and_explicit_name(tmp_path: Path) -> None:
     assert shape_from_hf_config(tmp_path / "my-llama" / "config.json", name="x").name == "x"
 
 
+def test_a_named_config_file_names_its_model_by_its_stem(tmp_path: Path) -> None:
+    """Issue 22: ``models/llama-33b.json`` is "llama-33b", not "models" (the folder)."""
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / "llama-33b.json").write_text(json.dumps(REAL_CONFIGS["llama-2-7b"]), encoding="utf-8")
+    assert shape_from_hf_config(folder / "llama-33b.json").name == "llama-33b"
+    _write_config(tmp_path / "Llama-2-7b-hf", REAL_CONFIGS["llama-2-7b"])
+    assert shape_from_hf_config(tmp_path / "Llama-2-7b-hf" / "config.json").name == "Llama-2-7b-hf"
+
+
 # ---- (c) GPU presets -------------------------------------------------------------------------------
 REQUIRED_GPUS = {
     "v100-16gb",

@@ -22,10 +22,11 @@ from tests.doctor_scenarios import SCENARIOS, load_scenario, trainer_resolved
 
 # Reports the model does not reproduce yet; strict, so a model change that fixes them is noticed.
 KNOWN_MISSES = {
-    "ds5507-llama7b-z3-2xa100-80g-oom.yaml": "predicted 77.7 of 79.1 GiB: the first-step spike the report "
-    "describes is not modelled",
-    "ds7482-qwen14b-z2-offload-4xa100-40g-oom.yaml": "the report gives neither micro-batch nor sequence length; "
-    "at micro-batch 1 and 2048 tokens the model predicts 36.5 of 39.4 GiB",
+    # ds5507 (77.7 of 79.1 GiB) and ds7482 (36.5 of 39.4 GiB at micro-batch 1, 2048 tokens) were misses
+    # while the verdict was a yes/no at capacity; both are now "tight", the calibrated band of runs
+    # that mostly ran out of memory (dsgen.verdict), and are counted.
+    "llava-v15-7b-z3-8xa100-40g-fits.yaml": "predicted at 97 % of capacity: the tight band, where 8 of 10 "
+    "published runs ran out of memory; this one fit",
 }
 
 
@@ -51,7 +52,9 @@ def test_scenario_outcome(path: Path, corpus_dir: Path) -> None:
         trainer_args=fixture.get("training_args"),
         error_text=fixture.get("error"),
     )
-    assert d.verdict == fixture["outcome"], [f.message for f in d.findings]
+    # a run that ran out of GPU memory is predicted right by "tight" or "oom" (the band's evidence)
+    expected = ("tight", "oom") if fixture["outcome"] == "oom" else (fixture["outcome"],)
+    assert d.verdict in expected, [f.message for f in d.findings]
     if fixture["outcome"] == "oom":
         assert d.dominant is not None and d.dominant.term in fixture["terms"], d.dominant
         assert any(f.code == "gpu-memory" for f in d.findings)
@@ -81,9 +84,10 @@ def test_every_fix_is_accepted_by_deepspeed_and_keeps_the_batch(path: Path, corp
     world = fixture.get("world_size") or spec.hardware.world_size
     args = fixture.get("training_args")
     d = diagnose(config, spec, world_size=world, trainer_args=args)
-    if d.verdict in ("fits", "host-oom"):
-        return  # nothing to fix on the GPU (host-oom fixtures have no fix within the config's levers)
-    assert d.fixes or fixture["outcome"] == "oom", "an invalid batch must come with a fix"
+    if d.verdict == "fits":
+        return  # nothing to fix
+    # host-oom configs get fixes from the solver's search too (issue 22); check them the same way
+    assert d.fixes or fixture["outcome"] in ("oom", "host-oom"), "an invalid batch must come with a fix"
     original_batch = None
     for fix in d.fixes:
         assert fix.evaluation.feasible

@@ -51,7 +51,7 @@ def specs() -> ModuleType:
     return _outcome_specs()
 
 
-@pytest.fixture(scope="module", params=["fit_outcomes", "throughput_outcomes"])
+@pytest.fixture(scope="module", params=["fit_outcomes", "throughput_outcomes", "fit_heldout", "throughput_heldout"])
 def corpus(request: pytest.FixtureRequest, specs: ModuleType) -> dict[str, Any]:
     data: dict[str, Any] = specs.load_corpus(request.param)
     data["_name"] = request.param
@@ -84,7 +84,7 @@ def test_every_case_is_sourced_and_complete(corpus: dict[str, Any]) -> None:
         assert ("knobs_ref" in case) != ("knobs" in case), f"{where}: exactly one of knobs_ref / knobs"
         if "knobs_ref" in case:
             assert case["knobs_ref"] in corpus["knobs"], where
-        if corpus["_name"] == "fit_outcomes":
+        if corpus["_name"].startswith("fit_"):
             assert case["outcome"] in ("fits", "oom", "host_oom"), where
         else:
             assert case["measured"]["value"] > 0, where
@@ -103,8 +103,9 @@ def test_every_case_loads_as_a_fully_pinned_spec(corpus: dict[str, Any], specs: 
         assert spec.hardware.world_size == case["gpus_per_node"] * case["nodes"], case["id"]
 
 
-def test_groups_vary_only_what_they_declare(specs: ModuleType) -> None:
-    data = specs.load_corpus("throughput_outcomes")
+@pytest.mark.parametrize("name", ["throughput_outcomes", "throughput_heldout"])
+def test_groups_vary_only_what_they_declare(specs: ModuleType, name: str) -> None:
+    data = specs.load_corpus(name)
     cases = {c["id"]: c for c in data["cases"]}
     for name, group in data["groups"].items():
         members = [cases[i] for i in group["cases"]]  # KeyError names a missing case

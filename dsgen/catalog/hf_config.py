@@ -523,10 +523,19 @@ SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_READERS))
 
 
 # ---- entry point ----------------------------------------------------------------------------------
+def default_model_name(file: Path) -> str:
+    """The name a config file gives its model: its stem, or its folder's name for ``config.json``
+    (a model folder downloaded from the Hub holds ``config.json``; a hand-named file names itself)."""
+    resolved = file.resolve()
+    return resolved.parent.name if resolved.name == "config.json" else resolved.stem
+
+
 def shape_from_hf_config(path: Path, *, name: str | None = None) -> ModelShape:
     """Build the :class:`ModelShape` described by a local ``config.json`` (or a folder holding one).
 
-    ``name`` defaults to the folder the file is in (``Llama-2-7b-hf/config.json`` -> ``Llama-2-7b-hf``).
+    ``name`` defaults to the file's stem (``models/llama-33b.json`` -> ``llama-33b``), except for a
+    file named ``config.json``, which Hugging Face names for its folder (``Llama-2-7b-hf/config.json``
+    -> ``Llama-2-7b-hf``).
     """
     file = path / "config.json" if path.is_dir() else path
     location = Location(str(file))
@@ -551,7 +560,7 @@ def shape_from_hf_config(path: Path, *, name: str | None = None) -> ModelShape:
         raise cfg.error("model_type", "missing", hint=f"supported model types: {supported}")
     if not isinstance(model_type, str):
         raise cfg.error("model_type", f"expected a string, got {model_type!r}")
-    name = name or file.resolve().parent.name
+    name = name or default_model_name(file)
     if isinstance(data.get("text_config"), dict):
         shape = _multimodal(cfg, model_type, name)
     else:

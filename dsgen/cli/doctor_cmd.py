@@ -67,7 +67,7 @@ def doctor(
             written = best
             code = ExitCode.OK
         elif code != ExitCode.OK:
-            raise DsgenError("no fix within the config's levers fits; nothing written", exit_code=code)
+            raise DsgenError("no plan dsgen solve finds for this spec fits; nothing written", exit_code=code)
     if as_json:
         body = diagnosis_dict(diagnosis)
         if written is not None:

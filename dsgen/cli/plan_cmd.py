@@ -82,6 +82,13 @@ def new(
     template_dir: Annotated[
         Path | None, typer.Option("--template-dir", help="Your own templates, searched before dsgen's.", metavar="DIR")
     ] = None,
+    allow_tight: Annotated[
+        bool,
+        typer.Option(
+            "--allow-tight",
+            help="Write a plan above the calibrated safe line (but below GPU capacity) when none fits below it.",
+        ),
+    ] = False,
 ) -> None:
     """Solve the spec, render and validate the DeepSpeed config (and the target's files), and write them."""
     from dsgen.api import build_bundle
@@ -89,7 +96,13 @@ def new(
     from dsgen.targets.bundle import default_destination, write_bundle
 
     result, bundle = build_bundle(
-        spec_file, overrides or [], accounting.value, target=target, launcher=launcher, template_dir=template_dir
+        spec_file,
+        overrides or [],
+        accounting.value,
+        target=target,
+        launcher=launcher,
+        template_dir=template_dir,
+        allow_tight=allow_tight,
     )
     spec = result.spec
     dest = output if output is not None else _resolve_output(spec_file, default_destination(spec, bundle))
@@ -125,6 +138,7 @@ def solve(
 ) -> None:
     """Solve the spec and report the plan; nothing is written. Exit 3 when nothing fits."""
     from dsgen.api import load_spec, solve_spec
+    from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
     from dsgen.report import evaluation_dict, human_summary, ranked_table, result_dict
 
     result = solve_spec(load_spec(spec_file, overrides or []), accounting.value)
@@ -132,6 +146,7 @@ def solve(
         body = result_dict(result)
         if top:
             body["ranked"] = [evaluation_dict(e, result.spec) for e in result.ranked[:top]]
+            body["tie_band"] = STEP_TIME_TIE_BAND  # relative step-time difference ranked as a tie
         typer.echo(json.dumps(body, indent=2))
     else:
         typer.echo(human_summary(result))

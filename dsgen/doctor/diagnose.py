@@ -1,4 +1,5 @@
-"""The doctor's one pass: resolve "auto", validate, derive the batch, price the config, fix it.
+"""The doctor's one pass, as the steps it performs: resolve "auto" values, validate (with
+DeepSpeed's batch derivation), price the config, fix it from the solver's search, report.
 
 Pure function of its inputs (config, spec, world size, Trainer arguments, an OOM message);
 :mod:`dsgen.doctor.report` turns the :class:`Diagnosis` into JSON and text.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from dsgen.doctor.auto_values import Resolved, auto_keys, resolve
@@ -16,13 +18,14 @@ from dsgen.doctor.config_to_plan import ConfigPlan, config_to_plan
 from dsgen.doctor.fixes import Fix, find_fixes
 from dsgen.doctor.keys import with_changes
 from dsgen.doctor.oom_match import OomReading, read_oom
-from dsgen.doctor.oom_message import parse_oom
+from dsgen.doctor.oom_message import OomMessage, parse_oom
 from dsgen.errors import DsgenError, ExitCode
 from dsgen.plan import Plan
 from dsgen.report import PHASE_LABELS
-from dsgen.solver import Evaluation, evaluate, resolve_precision
+from dsgen.solver import Evaluation, evaluate, gib, resolve_precision, solve
 from dsgen.spec.types import Spec
 from dsgen.validate import Report, validate_config
+from dsgen.verdict import SAFE_LINE, FitVerdict, invalid
 from dsgen.vocabulary import Checkpointing, StepPhase
 
 PHASE_TERMS = {
@@ -62,9 +65,10 @@ class Dominant:
 
 @dataclass(frozen=True)
 class Diagnosis:
-    """Everything the doctor found; ``verdict`` is fits | oom | host-oom | invalid."""
+    """Everything the doctor found; ``fit.verdict`` is fits | tight | oom | host-oom | invalid
+    (dsgen.verdict); ``headroom_met``: the spec's own memory_headroom is met."""
 
-    verdict: str
+    fit: FitVerdict
     headroom_met: bool
     spec: Spec
     world_size: int
@@ -81,10 +85,15 @@ class Diagnosis:
     oom: OomReading | None
 
     @property
+    def verdict(self) -> str:
+        return self.fit.verdict
+
+    @property
     def exit_code(self) -> ExitCode:
+        """0 for fits, 3 for tight, oom or host-oom, 1 for an invalid config (README)."""
         if self.verdict == "invalid":
             return ExitCode.FINDINGS
-        if self.verdict in ("oom", "host-oom"):
+        if self.verdict in ("tight", "oom", "host-oom"):
             return ExitCode.INFEASIBLE
         return ExitCode.OK
 
@@ -152,12 +161,46 @@ def _dominant(evaluation: Evaluation) -> Dominant:
     return Dominant(phase, TERM_NAMES.get(name, name), terms[name], terms[name] / total if total else 0.0)
 
 
-def _validate(config: dict[str, Any], resolved: Resolved, parallel: Parallel) -> Report:
+def _run_validator(config: dict[str, Any], resolved: Resolved, parallel: Parallel) -> Report:
     world = parallel.batch_world
     world_size = int(world) if float(world).is_integer() and world >= 1 else None
     if resolved.unresolved:
         return validate_config(config, world_size=world_size, target="hf-trainer")
     return validate_config(resolved.config, world_size=world_size)
+
+
+@dataclass(frozen=True)
+class _Resolution:
+    """Step 1: the config with "auto" filled, the parallel layout and DeepSpeed's batch."""
+
+    resolved: Resolved
+    assumptions: Mapping[str, Any]
+    parallel: Parallel
+    batch: Batch
+    findings: tuple[DoctorFinding, ...]
+
+
+@dataclass(frozen=True)
+class _Validation:
+    """Step 2: the validator's report, and the batch the config is priced at (DeepSpeed's, or the
+    first consistent one when DeepSpeed's assertion fails, with the keys that correct it)."""
+
+    report: Report
+    priced_batch: Batch
+    base_changes: Mapping[str, Any]
+    findings: tuple[DoctorFinding, ...]
+
+
+@dataclass(frozen=True)
+class _Pricing:
+    """Step 3: the config as a plan, its evaluation, the verdict of that evaluation, and what this
+    step found (checkpointing assumed, the config's notes, the memory findings)."""
+
+    config_plan: ConfigPlan | None
+    evaluation: Evaluation | None
+    fit: FitVerdict
+    dominant: Dominant | None
+    findings: tuple[DoctorFinding, ...]
 
 
 def diagnose(
@@ -170,21 +213,36 @@ def diagnose(
     max_fixes: int = 6,
 ) -> Diagnosis:
     """Everything ``dsgen doctor`` reports about ``config`` on ``spec``'s cluster."""
+    _check_inputs(config, world_size)
+    world = world_size or spec.hardware.world_size
+    start: tuple[DoctorFinding, ...] = ()
+    if world != spec.hardware.world_size:
+        start = (DoctorFinding("info", "world-size", f"priced on {world} GPUs (--world-size)"),)
+    spec = _spec_at(spec, world)
+    oom_message = parse_oom(error_text) if error_text is not None else None
+    resolution = _resolve(config, spec, world, trainer_args)
+    validation = _validate(config, spec, resolution)
+    pricing = _price(spec, trainer_args, resolution, validation)
+    fixes = _fix(config, spec, trainer_args, resolution, validation, pricing, world, max_fixes)
+    findings = (*start, *resolution.findings, *validation.findings, *pricing.findings)
+    return _report(config, spec, world, resolution, validation, pricing, fixes, findings, oom_message)
+
+
+def _check_inputs(config: Any, world_size: int | None) -> None:
     if not isinstance(config, dict):
         raise DsgenError("a DeepSpeed config must be a JSON object")
     if world_size is not None and world_size < 1:
         raise DsgenError(f"--world-size must be a positive integer, got {world_size}")
-    world = world_size or spec.hardware.world_size
-    spec = _spec_at(spec, world)
-    oom_message = parse_oom(error_text) if error_text is not None else None
-    findings: list[DoctorFinding] = []
-    if world != spec.hardware.world_size:
-        findings.append(DoctorFinding("info", "world-size", f"priced on {world} GPUs (--world-size)"))
 
+
+def _resolve(config: dict[str, Any], spec: Spec, world: int, trainer_args: Mapping[str, Any] | None) -> _Resolution:
+    """Fill "auto" as the HF Trainer would (its arguments, or stand-ins from the spec), then
+    derive the parallel layout and DeepSpeed's batch triple."""
     assumptions = {} if trainer_args is not None else _assumptions(spec, world)
     resolved = resolve(
         config, trainer_args=trainer_args, assumptions=assumptions, world_size=world, hidden_size=spec.model.hidden_size
     )
+    findings: list[DoctorFinding] = []
     autos = auto_keys(config)
     if autos and trainer_args is None:
         findings.append(
@@ -214,22 +272,30 @@ def diagnose(
             )
         )
     parallel = parallel_of(resolved.config, world)
-    batch = derive(resolved.config, parallel)
-    validation = _validate(config, resolved, parallel)
-    for f in validation.findings:
-        if f.rule_id == "batch-mismatch" and not batch.ok:
-            continue  # the batch-assertion finding below quotes DeepSpeed's own message
-        findings.append(DoctorFinding(f.severity, f.rule_id, f.message, f.hint))
+    return _Resolution(resolved, assumptions, parallel, derive(resolved.config, parallel), tuple(findings))
+
+
+def _validate(config: dict[str, Any], spec: Spec, r: _Resolution) -> _Validation:
+    """The validator's findings, DeepSpeed's batch assertion quoted, and the batch to price."""
+    report = _run_validator(config, r.resolved, r.parallel)
+    batch = r.batch
+    findings = [
+        DoctorFinding(f.severity, f.rule_id, f.message, f.hint)
+        for f in report.findings
+        # the batch-assertion finding below quotes DeepSpeed's own message
+        if not (f.rule_id == "batch-mismatch" and not batch.ok)
+    ]
     base_changes: dict[str, Any] = {}
     priced_batch = batch
     if not batch.ok:
         consistent = ", ".join(" / ".join(f"{k}={v}" for k, v in option.items()) for option in batch.consistent)
+        sp = r.parallel.sequence_parallel
         findings.append(
             DoctorFinding(
                 "error",
                 "batch-assertion",
-                f"DeepSpeedConfig raises: {batch.error} (world size {parallel.world_size}"
-                + (f" / sequence_parallel_size {parallel.sequence_parallel}" if parallel.sequence_parallel > 1 else "")
+                f"DeepSpeedConfig raises: {batch.error} (world size {r.parallel.world_size}"
+                + (f" / sequence_parallel_size {sp}" if sp > 1 else "")
                 + ")",
                 f"consistent values: {consistent}" if consistent else "give train_micro_batch_size_per_gpu",
             )
@@ -253,6 +319,13 @@ def diagnose(
                 f"the spec asks for a global batch of {spec_batch}; the config runs {global_batch}",
             )
         )
+    return _Validation(report, priced_batch, base_changes, tuple(findings))
+
+
+def _price(spec: Spec, trainer_args: Mapping[str, Any] | None, r: _Resolution, v: _Validation) -> _Pricing:
+    """The config as a plan, priced by the solver's own models, and its calibrated verdict
+    (``invalid`` when an earlier step found an error, or there is no batch DeepSpeed accepts)."""
+    findings: list[DoctorFinding] = []
     mode, mode_source, mode_note = _checkpointing(spec, trainer_args)
     if mode_note:
         assumed = mode_source == "assumed"
@@ -264,63 +337,105 @@ def diagnose(
                 "set constraints.activation_checkpointing in the spec" if assumed else None,
             )
         )
-
     config_plan: ConfigPlan | None = None
     evaluation: Evaluation | None = None
-    if priced_batch.ok or base_changes:
-        config_plan = config_to_plan(
-            resolved.config if not base_changes else with_changes(resolved.config, base_changes),
-            spec,
-            priced_batch,
-            parallel,
-            mode,
-            mode_source,
-        )
+    if v.priced_batch.ok or v.base_changes:
+        source = r.resolved.config if not v.base_changes else with_changes(r.resolved.config, v.base_changes)
+        config_plan = config_to_plan(source, spec, v.priced_batch, r.parallel, mode, mode_source)
         for note in config_plan.notes:
             pinned = note.startswith("the spec pins")
             findings.append(
                 DoctorFinding("warning" if pinned else "info", "spec-pin" if pinned else "config-note", note)
             )
         evaluation = evaluate(spec, config_plan.plan)
-
-    invalid = any(f.severity == "error" for f in findings)
-    dominant = _dominant(evaluation) if evaluation is not None else None
-    headroom_met = evaluation is not None and evaluation.feasible
-    if evaluation is None or invalid:
-        verdict = "invalid"
-    elif not evaluation.fits_cpu or not evaluation.fits_nvme:
-        verdict = "host-oom"
-    elif not evaluation.fits_gpu:
-        physically = evaluation.memory.gpu.total <= spec.hardware.gpu.memory_bytes
-        verdict = "fits" if physically else "oom"
+    refused = any(f.severity == "error" for f in (*r.findings, *v.findings, *findings))
+    if evaluation is None or refused:
+        fill = evaluation.fit.fill if evaluation is not None else None
+        fit = invalid(fill)
     else:
-        verdict = "fits"
-    if evaluation is not None and verdict == "fits" and not headroom_met:
+        fit = evaluation.fit
+    dominant = _dominant(evaluation) if evaluation is not None else None
+    findings += _memory_findings(spec, evaluation, fit, dominant)
+    return _Pricing(config_plan, evaluation, fit, dominant, tuple(findings))
+
+
+def _memory_findings(
+    spec: Spec, evaluation: Evaluation | None, fit: FitVerdict, dominant: Dominant | None
+) -> list[DoctorFinding]:
+    """What the verdict rests on: the band's evidence for tight, the numbers for oom and host-oom."""
+    if evaluation is None:
+        return []
+    findings = []
+    gpu = spec.hardware.gpu
+    if fit.verdict == "tight":
+        findings.append(
+            DoctorFinding(
+                "warning",
+                "tight",
+                f"predicted at {fit.fill:.0%} of {gpu.name} memory, above the safe line "
+                f"({fit.band.low if fit.band else 0:.0%}): {fit.evidence}",
+                "apply one of the fixes below, or accept the risk",
+            )
+        )
+    if fit.verdict == "fits" and not evaluation.fits_gpu:
         findings.append(
             DoctorFinding(
                 "warning",
                 "headroom",
-                f"fits in {spec.hardware.gpu.name} memory but with less than the requested "
+                f"fits below the calibrated safe line but with less than the spec's own "
                 f"{spec.constraints.memory_headroom:.0%} headroom ({evaluation.reason()})",
             )
         )
-    if evaluation is not None and dominant is not None and not evaluation.fits_gpu:
+    if dominant is not None and fit.verdict in ("tight", "oom"):
         findings.append(
             DoctorFinding(
-                "error" if verdict == "oom" else "warning",
+                "error" if fit.verdict == "oom" else "warning",
                 "gpu-memory",
-                f"predicted {evaluation.reason()}; peak in {PHASE_LABELS[dominant.phase]}, dominated by {dominant.term} "
+                f"predicted {gib(evaluation.memory.gpu.total)} per GPU of {gib(gpu.memory_bytes)} ({fit.fill:.0%}); "
+                f"peak in {PHASE_LABELS[dominant.phase]}, dominated by {dominant.term} "
                 f"({dominant.share:.0%} of that phase)",
             )
         )
-    if evaluation is not None and verdict == "host-oom":
+    if fit.verdict == "host-oom":
         findings.append(DoctorFinding("error", "host-memory", f"predicted {evaluation.reason()}"))
+    return findings
 
-    fixes: tuple[Fix, ...] = ()
-    if config_plan is not None and evaluation is not None and (not evaluation.feasible or base_changes):
-        fixes = _fixes(config, config_plan.plan, spec, base_changes, trainer_args, assumptions, world, max_fixes)
-    oom = read_oom(oom_message, spec, evaluation) if oom_message is not None and evaluation is not None else None
-    if oom_message is not None and evaluation is None:
+
+def _fix(
+    config: dict[str, Any],
+    spec: Spec,
+    trainer_args: Mapping[str, Any] | None,
+    r: _Resolution,
+    v: _Validation,
+    p: _Pricing,
+    world: int,
+    limit: int,
+) -> tuple[Fix, ...]:
+    """Fixes from the solver's search, for a config that is tight, out of memory or needs its
+    batch corrected; nothing for one that fits."""
+    if p.config_plan is None or p.evaluation is None or limit <= 0:
+        return ()
+    needs_fix = p.fit.verdict in ("tight", "oom", "host-oom") or not p.evaluation.feasible
+    if not needs_fix and not v.base_changes:
+        return ()
+    return _fixes(config, p.config_plan.plan, spec, v.base_changes, trainer_args, r.assumptions, world, limit)
+
+
+def _report(
+    config: dict[str, Any],
+    spec: Spec,
+    world: int,
+    r: _Resolution,
+    v: _Validation,
+    p: _Pricing,
+    fixes: tuple[Fix, ...],
+    earlier: tuple[DoctorFinding, ...],
+    oom_message: OomMessage | None,
+) -> Diagnosis:
+    """The Diagnosis, with the out-of-memory message read against the prediction."""
+    findings = list(earlier)
+    oom = read_oom(oom_message, spec, p.evaluation) if oom_message is not None and p.evaluation is not None else None
+    if oom_message is not None and p.evaluation is None:
         findings.append(
             DoctorFinding(
                 "warning",
@@ -329,22 +444,47 @@ def diagnose(
             )
         )
     return Diagnosis(
-        verdict=verdict,
-        headroom_met=headroom_met,
+        fit=p.fit,
+        headroom_met=p.evaluation is not None and p.evaluation.feasible,
         spec=spec,
         world_size=world,
         config=config,
-        resolved=resolved,
-        parallel=parallel,
-        batch=batch,
-        validation=validation,
-        config_plan=config_plan,
-        evaluation=evaluation,
-        dominant=dominant,
+        resolved=r.resolved,
+        parallel=r.parallel,
+        batch=r.batch,
+        validation=v.report,
+        config_plan=p.config_plan,
+        evaluation=p.evaluation,
+        dominant=p.dominant,
         findings=tuple(findings),
         fixes=fixes,
         oom=oom,
     )
+
+
+def _with_headroom(spec: Spec, headroom: float) -> Spec:
+    if headroom == spec.constraints.memory_headroom:
+        return spec
+    return replace(spec, constraints=replace(spec.constraints, memory_headroom=headroom))
+
+
+def _fix_spec(spec: Spec, plan: Plan) -> Spec:
+    """The spec ``dsgen solve`` would search for this run: the config's precision and global batch,
+    every search dimension free (the doctor reads them from the config, the fix may change them)."""
+    constraints = replace(
+        spec.constraints,
+        zero_stage=None,
+        offload_optimizer=None,
+        offload_param=None,
+        activation_checkpointing=None,
+        micro_batch_size=None,
+        gradient_accumulation_steps=None,
+        allow_batch_rounding="none",
+    )
+    training = replace(
+        spec.training, global_batch_size=plan.global_batch_size, tokens_per_step=None, precision=plan.precision
+    )
+    return replace(spec, training=training, constraints=constraints)
 
 
 def _fixes(
@@ -357,20 +497,16 @@ def _fixes(
     world: int,
     limit: int,
 ) -> tuple[Fix, ...]:
-    """Memory fixes on top of any batch correction; each fixed config must validate cleanly."""
+    """Fixes from the solver's ranked plans on top of any batch correction; each fixed config is
+    read back as the doctor reads any config and must validate cleanly and fit."""
     base = with_changes(config, base_changes)
-
     trainer = trainer_args is not None or bool(auto_keys(config))
 
-    def accept(fixed: dict[str, Any], micro: int, accum: int) -> bool:
+    def read(fixed: dict[str, Any], micro: int, accum: int) -> tuple[Resolved, Parallel, Batch] | None:
         args = (
             trainer_args
             if trainer_args is None
-            else {
-                **trainer_args,
-                "per_device_train_batch_size": micro,
-                "gradient_accumulation_steps": accum,
-            }
+            else {**trainer_args, "per_device_train_batch_size": micro, "gradient_accumulation_steps": accum}
         )
         batch_assumptions = {**assumptions, "per_device_train_batch_size": micro, "gradient_accumulation_steps": accum}
         resolved = resolve(
@@ -384,13 +520,32 @@ def _fixes(
         derived = derive(resolved.config, parallel)
         # DeepSpeed must end up with exactly this split, so the global batch is kept
         same_split = derived.micro_batch_size == micro and derived.gradient_accumulation_steps == accum
-        return derived.ok and same_split and not resolved.mismatches and _validate(fixed, resolved, parallel).ok
+        ok = derived.ok and same_split and not resolved.mismatches and _run_validator(fixed, resolved, parallel).ok
+        return (resolved, parallel, derived) if ok else None
 
-    fixes = find_fixes(base, plan, spec, lambda p: evaluate(spec, p), accept, trainer, limit)
+    def price_at(headroom: float, fixed: dict[str, Any], target: Plan) -> Evaluation | None:
+        reading = read(fixed, target.micro_batch_size, target.gradient_accumulation_steps)
+        if reading is None:
+            return None
+        resolved, parallel, derived = reading
+        fixed_plan = config_to_plan(resolved.config, spec, derived, parallel, target.checkpointing, "fix").plan
+        return evaluate(_with_headroom(spec, headroom), fixed_plan)
+
     prefix = tuple(base_changes.items())
+    fixes: list[Fix] = []
+    # A fix should fit below the calibrated safe line even where the spec asks for less headroom;
+    # only when no plan does are the plans the spec's own headroom allows offered (so a config gets
+    # a fix whenever dsgen solve finds a plan). The solver searches data parallelism over the ranks
+    # ZeRO shards across (sequence, tensor or pipeline ranks are priced as the doctor prices them).
+    own = spec.constraints.memory_headroom
+    for headroom in sorted({max(own, 1 - SAFE_LINE), own}, reverse=True):
+        search = _fix_spec(_with_headroom(_spec_at(spec, plan.data_parallel_size), headroom), plan)
+        fixes = find_fixes(base, plan, solve(search).ranked, spec, partial(price_at, headroom), trainer, limit)
+        if fixes:
+            break
     if prefix:
         fixes = [replace(f, changes=prefix + f.changes, label="consistent batch values + " + f.label) for f in fixes]
         as_is = evaluate(spec, plan)
-        if as_is.feasible and accept(base, plan.micro_batch_size, plan.gradient_accumulation_steps):
+        if as_is.feasible and read(base, plan.micro_batch_size, plan.gradient_accumulation_steps) is not None:
             fixes.insert(0, Fix("consistent batch values", prefix, (), as_is, base))
     return tuple(fixes[:limit])

@@ -1,37 +1,38 @@
-"""Fixes for a config that does not fit: sets of key changes, each priced by the solver's models.
+"""Fixes for a config that does not fit, taken from the solver's own search (issue 22).
 
-Levers (docs/doctor.md): a smaller micro-batch with more accumulation (same global batch),
-activation checkpointing (a change to the training script, not the config), smaller buckets or
-fewer live ZeRO-3 parameters, a higher ZeRO stage, CPU offload of optimizer states (then of
-parameters), NVMe offload when the spec declares a drive. Every combination of one structural
-lever, checkpointing and a micro-batch split is priced with :func:`dsgen.solver.evaluate`;
-the feasible ones are ranked by predicted step time, fewer changes first on ties.
+The doctor used to try a private list of levers; now every fix is a plan ``dsgen solve`` finds for
+the same spec (the config's precision and global batch, nothing else pinned), written as key
+changes to the user's config. So a config gets a fix whenever ``dsgen solve`` finds any plan, and
+the fixes cover everything the solver searches: stage, partial offload, dropping parameter
+offload, NVMe where the spec declares a drive, checkpointing, micro-batch and accumulation at the
+same global batch, ZeRO++ and the ZeRO knobs.
+
+Each candidate is written twice, nearest first: with the user's own ZeRO knobs (only the
+structure changes), then with the solver's knobs. The fixed config is re-read the way the doctor
+reads any config (``price``: "auto" values, validation, DeepSpeed's batch derivation, the
+config's keys and DeepSpeed's defaults) and kept only if that reading fits. Fixes are ordered
+fastest first; fixes whose predicted step times are within the step-time model's error band
+(``STEP_TIME_TIE_BAND``) are equally fast, and of those the one that changes the fewest keys goes
+first.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from dsgen.doctor.config_to_plan import KNOB_KEYS
 from dsgen.doctor.keys import MISSING, get, is_auto, with_changes
-from dsgen.plan import Plan
+from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
+from dsgen.plan import Plan, ZeroKnobs
 from dsgen.solver import Evaluation
 from dsgen.spec.types import Spec
-from dsgen.vocabulary import OffloadDevice
+from dsgen.vocabulary import Checkpointing, OffloadDevice
 
-SMALL_BUCKET = 50_000_000  # DeepSpeed's own stage-3 prefetch default; HF's floor for "auto" buckets is 1e7
-LEAN_LIVE_PARAMETERS = 100_000_000
-LEAN_PREFETCH = 10_000_000
-
-
-@dataclass(frozen=True)
-class Lever:
-    """One structural change: the plan it leads to and the config keys it sets."""
-
-    label: str
-    plan: Plan
-    changes: tuple[tuple[str, Any], ...]
+#: How many of the solver's ranked plans are written out as candidate fixes (the ranking puts the
+#: fastest and simplest first; more are tried only until one survives the doctor's own reading).
+CANDIDATES = 48
 
 
 @dataclass(frozen=True)
@@ -44,145 +45,10 @@ class Fix:
     evaluation: Evaluation
     config: dict[str, Any]
 
-
-def _levers(plan: Plan, spec: Spec) -> Iterator[Lever]:
-    yield Lever("keep ZeRO settings", plan, ())
-    k = plan.knobs
-    stage = plan.zero_stage
-    if stage in (1, 2, 3) and (k.reduce_bucket_size > SMALL_BUCKET or (stage == 2 and k.overlap_comm)):
-        small = min(k.reduce_bucket_size, SMALL_BUCKET)
-        changes: list[tuple[str, Any]] = [("zero_optimization.reduce_bucket_size", small)]
-        knobs = replace(k, reduce_bucket_size=small)
-        if stage < 3:
-            changes.append(("zero_optimization.allgather_bucket_size", small))
-            knobs = replace(knobs, allgather_bucket_size=small)
-        if stage == 2 and k.overlap_comm:
-            changes.append(("zero_optimization.overlap_comm", False))
-            knobs = replace(knobs, overlap_comm=False)
-        yield Lever("smaller communication buckets", replace(plan, knobs=knobs), tuple(changes))
-    if stage == 3 and (k.max_live_parameters > LEAN_LIVE_PARAMETERS or k.prefetch_bucket_size > LEAN_PREFETCH):
-        knobs = replace(
-            k,
-            max_live_parameters=min(k.max_live_parameters, LEAN_LIVE_PARAMETERS),
-            prefetch_bucket_size=min(k.prefetch_bucket_size, LEAN_PREFETCH),
-            reduce_bucket_size=min(k.reduce_bucket_size, SMALL_BUCKET),
-        )
-        lean = (
-            ("zero_optimization.stage3_max_live_parameters", k.max_live_parameters, knobs.max_live_parameters),
-            ("zero_optimization.stage3_prefetch_bucket_size", k.prefetch_bucket_size, knobs.prefetch_bucket_size),
-            ("zero_optimization.reduce_bucket_size", k.reduce_bucket_size, knobs.reduce_bucket_size),
-        )
-        yield Lever(
-            "fewer live ZeRO-3 parameters",
-            replace(plan, knobs=knobs),
-            tuple((key, new) for key, old, new in lean if new != old),
-        )
-    for higher in range(max(stage + 1, 2), 4):
-        # DeepSpeed's overlap_comm default follows the stage (overlap_comm_valid) unless the config sets it
-        yield Lever(f"ZeRO stage {higher}", replace(plan, zero_stage=higher), (("zero_optimization.stage", higher),))
-    yield from _less_offload(plan, spec)
-    targets: list[OffloadDevice] = ["cpu", "nvme"] if spec.hardware.nvme is not None else ["cpu"]
-    for higher in range(max(stage, 2), 4):
-        stage_change: tuple[tuple[str, Any], ...] = (("zero_optimization.stage", higher),) if higher != stage else ()
-        if plan.offload_optimizer == "none" or plan.offload_ratio < 1:
-            yield Lever(
-                f"ZeRO-{higher} + CPU optimizer offload",
-                replace(plan, zero_stage=higher, offload_optimizer="cpu", offload_ratio=1.0),
-                stage_change + _offload_changes("offload_optimizer", "cpu", spec),
-            )
-        if higher == 3 and plan.offload_optimizer == "none" and spec.training.optimizer.type in ("adam", "adamw"):
-            at_three = replace(plan, zero_stage=3)
-            for ratio in PARTIAL_RATIOS:
-                sub_group = _partial_sub_group(at_three, spec)
-                yield Lever(
-                    f"ZeRO-3 + partial CPU optimizer offload (ratio {ratio})",
-                    replace(
-                        at_three,
-                        offload_optimizer="cpu",
-                        offload_ratio=ratio,
-                        knobs=replace(plan.knobs, sub_group_size=sub_group),
-                    ),
-                    stage_change
-                    + _offload_changes("offload_optimizer", "cpu", spec)
-                    + (
-                        ("zero_optimization.offload_optimizer.ratio", ratio),
-                        ("zero_optimization.sub_group_size", sub_group),
-                    ),
-                )
-        if higher == 3 and (plan.offload_param == "none" or (plan.offload_param == "cpu" and "nvme" in targets)):
-            for device in targets:
-                if device == plan.offload_param:
-                    continue
-                yield Lever(
-                    f"ZeRO-3 + {device.upper()} optimizer and parameter offload",
-                    replace(plan, zero_stage=3, offload_optimizer=device, offload_param=device, offload_ratio=1.0),
-                    stage_change
-                    + _offload_changes("offload_optimizer", device, spec)
-                    + _offload_changes("offload_param", device, spec),
-                )
-
-
-PARTIAL_RATIOS = (0.75, 0.5, 0.25)
-
-
-def _partial_sub_group(plan: Plan, spec: Spec) -> int:
-    """offload_optimizer.ratio applies per optimizer sub-group: split the rank's partition into at
-    least eight, as the solver does (dsgen.solver._search)."""
-    groups = max(1_000_000, -(-spec.model.parameter_count() // plan.data_parallel_size // 8))
-    return min(plan.knobs.sub_group_size, groups)
-
-
-def _less_offload(plan: Plan, spec: Spec) -> Iterator[Lever]:
-    """Levers that move state back from the host (for host-memory shortfalls): parameters first,
-    then a share of the optimizer (ZeRO-3 partial offload), then all of it."""
-    if plan.offload_param != "none":
-        yield Lever(
-            "parameters back on the GPU",
-            replace(plan, offload_param="none"),
-            (("zero_optimization.offload_param.device", "none"),),
-        )
-    partial_ok = (
-        plan.zero_stage == 3
-        and plan.offload_optimizer == "cpu"
-        and plan.offload_param == "none"
-        and spec.training.optimizer.type in ("adam", "adamw")
-    )
-    if partial_ok:
-        sub_group = _partial_sub_group(plan, spec)
-        for ratio in PARTIAL_RATIOS:
-            if ratio < plan.offload_ratio:
-                yield Lever(
-                    f"partial optimizer offload (ratio {ratio})",
-                    replace(plan, offload_ratio=ratio, knobs=replace(plan.knobs, sub_group_size=sub_group)),
-                    (
-                        ("zero_optimization.offload_optimizer.ratio", ratio),
-                        ("zero_optimization.sub_group_size", sub_group),
-                    ),
-                )
-    if plan.offload_optimizer != "none":
-        changes: tuple[tuple[str, Any], ...] = (("zero_optimization.offload_optimizer.device", "none"),)
-        if plan.offload_param != "none":
-            changes += (("zero_optimization.offload_param.device", "none"),)
-        yield Lever(
-            "no offload",
-            replace(plan, offload_optimizer="none", offload_param="none", offload_ratio=1.0),
-            changes,
-        )
-
-
-def _offload_changes(block: str, device: str, spec: Spec) -> tuple[tuple[str, Any], ...]:
-    changes: list[tuple[str, Any]] = [(f"zero_optimization.{block}.device", device)]
-    if device == "nvme":
-        assert spec.hardware.nvme is not None
-        changes.append((f"zero_optimization.{block}.nvme_path", spec.hardware.nvme.path))
-    changes.append((f"zero_optimization.{block}.pin_memory", True))
-    return tuple(changes)
-
-
-def _divisors_below(n: int) -> list[int]:
-    """Divisors of ``n``, largest first (O(sqrt n): micro-batches can be large numbers)."""
-    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
-    return sorted({*small, *(n // d for d in small)}, reverse=True)
+    @property
+    def size(self) -> int:
+        """How many things the user changes (config keys and script changes)."""
+        return len(self.changes) + len(self.script_changes)
 
 
 def batch_changes(
@@ -219,78 +85,184 @@ def batch_changes(
     return tuple(changes), tuple(script)
 
 
-CHECKPOINTING_SCRIPT = (
-    "enable activation checkpointing in the training script "
-    "(model.gradient_checkpointing_enable(), or --gradient_checkpointing with the HF Trainer)"
-)
+CHECKPOINTING_SCRIPT: dict[Checkpointing, str] = {
+    "full": (
+        "enable activation checkpointing in the training script "
+        "(model.gradient_checkpointing_enable(), or --gradient_checkpointing with the HF Trainer)"
+    ),
+    "selective": "recompute only the attention function in backward (selective activation recomputation)",
+    "none": "turn activation checkpointing off in the training script (it only costs time here)",
+}
+
+# ZeroKnobs fields that DeepSpeed reads at each stage (the others are not written for that stage)
+_STAGE3_ONLY = {
+    "prefetch_bucket_size",
+    "param_persistence_threshold",
+    "max_live_parameters",
+    "max_reuse_distance",
+    "sub_group_size",
+    "hpz_partition_size",
+    "quantized_weights",
+    "quantized_gradients",
+}
+
+
+def _offload_changes(block: str, device: OffloadDevice, spec: Spec) -> list[tuple[str, Any]]:
+    changes: list[tuple[str, Any]] = [(f"zero_optimization.{block}.device", device)]
+    if device == "nvme":
+        assert spec.hardware.nvme is not None
+        changes.append((f"zero_optimization.{block}.nvme_path", spec.hardware.nvme.path))
+    if device != "none":
+        changes.append((f"zero_optimization.{block}.pin_memory", True))
+    return changes
+
+
+def plan_changes(
+    config: Mapping[str, Any], current: Plan, target: Plan, spec: Spec, trainer: bool
+) -> tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]:
+    """The config keys and script changes that turn the run of ``current`` into ``target``."""
+    changes: list[tuple[str, Any]] = []
+    if target.zero_stage != current.zero_stage:
+        changes.append(("zero_optimization.stage", target.zero_stage))
+    if target.offload_optimizer != current.offload_optimizer:
+        changes += _offload_changes("offload_optimizer", target.offload_optimizer, spec)
+    if (
+        target.offload_optimizer != "none"
+        and (target.offload_ratio != current.offload_ratio or target.offload_optimizer != current.offload_optimizer)
+        and (target.offload_ratio != 1.0 or get(config, "zero_optimization.offload_optimizer.ratio") is not MISSING)
+    ):
+        changes.append(("zero_optimization.offload_optimizer.ratio", target.offload_ratio))
+    if target.offload_param != current.offload_param:
+        changes += _offload_changes("offload_param", target.offload_param, spec)
+    for key, field, _default, _source in KNOB_KEYS:
+        if target.zero_stage < 3 and field in _STAGE3_ONLY:
+            continue
+        if target.zero_stage == 3 and field == "allgather_bucket_size":
+            continue
+        new = getattr(target.knobs, field)
+        if new != getattr(current.knobs, field):
+            changes.append((f"zero_optimization.{key}", new))
+    if target.zero_stage > 0 and target.knobs.overlap_comm != current.knobs.overlap_comm:
+        changes.append(("zero_optimization.overlap_comm", target.knobs.overlap_comm))
+    changes = [(key, value) for key, value in changes if get(config, key) != value]
+    script: tuple[str, ...] = ()
+    if (target.micro_batch_size, target.gradient_accumulation_steps) != (
+        current.micro_batch_size,
+        current.gradient_accumulation_steps,
+    ):
+        extra, script = batch_changes(config, target.micro_batch_size, target.gradient_accumulation_steps, trainer)
+        changes += [change for change in extra if get(config, change[0]) != change[1]]
+    if target.checkpointing != current.checkpointing:
+        script = (CHECKPOINTING_SCRIPT[target.checkpointing], *script)
+    return tuple(changes), script
+
+
+def _near(candidate: Plan, current: Plan) -> Plan:
+    """``candidate``'s structure and batch with the user's own ZeRO knobs, except what the structure
+    needs: ZeRO++ as the solver chose it, and the sub-groups partial offload splits the partition into."""
+    chosen = candidate.knobs
+    knobs: ZeroKnobs = replace(
+        current.knobs,
+        hpz_partition_size=chosen.hpz_partition_size,
+        quantized_weights=chosen.quantized_weights,
+        quantized_gradients=chosen.quantized_gradients,
+    )
+    if candidate.offload_ratio < 1:
+        knobs = replace(knobs, sub_group_size=min(knobs.sub_group_size, candidate.knobs.sub_group_size))
+    return replace(candidate, knobs=knobs)
+
+
+DEVICE_NAMES: dict[OffloadDevice, str] = {"none": "no", "cpu": "CPU", "nvme": "NVMe"}
+
+
+def _offload_text(plan: Plan) -> str:
+    if plan.offload_optimizer == "none" and plan.offload_param == "none":
+        return "no offload"
+    if plan.offload_optimizer == "cpu" and plan.offload_ratio < 1:
+        optimizer = f"partial CPU optimizer offload (ratio {plan.offload_ratio:g})"
+    elif plan.offload_optimizer != "none":
+        optimizer = f"{DEVICE_NAMES[plan.offload_optimizer]} optimizer offload"
+    else:
+        optimizer = "no optimizer offload"
+    if plan.offload_param == "none":
+        return optimizer if plan.offload_optimizer != "none" else "no offload"
+    return f"{optimizer} + {DEVICE_NAMES[plan.offload_param]} parameter offload"
+
+
+def describe(current: Plan, target: Plan) -> str:
+    """A short label of what a fix changes in the plan."""
+    parts = []
+    if target.zero_stage != current.zero_stage:
+        parts.append(f"ZeRO stage {target.zero_stage}")
+    if (target.offload_optimizer, target.offload_param, target.offload_ratio) != (
+        current.offload_optimizer,
+        current.offload_param,
+        current.offload_ratio,
+    ):
+        parts.append(_offload_text(target))
+    if target.knobs.zeropp != current.knobs.zeropp:
+        parts.append(f"ZeRO++ {target.knobs.zeropp}")
+    if target.checkpointing != current.checkpointing:
+        parts.append(
+            {"full": "activation checkpointing", "selective": "selective recompute"}.get(
+                target.checkpointing, "no activation checkpointing"
+            )
+        )
+    if target.micro_batch_size != current.micro_batch_size:
+        parts.append(f"micro-batch {target.micro_batch_size} x accumulation {target.gradient_accumulation_steps}")
+    if not parts:
+        parts.append("ZeRO knobs")
+    return " + ".join(parts)
 
 
 def find_fixes(
     config: Mapping[str, Any],
-    plan: Plan,
+    current: Plan,
+    candidates: Iterable[Evaluation],
     spec: Spec,
-    evaluate: Callable[[Plan], Evaluation],
-    accept: Callable[[dict[str, Any], int, int], bool],
+    price: Callable[[dict[str, Any], Plan], Evaluation | None],
     trainer: bool,
     limit: int = 6,
 ) -> list[Fix]:
-    """The ``limit`` fastest feasible fixes for ``plan``; ``accept`` vets each fixed config at its
-    micro-batch and accumulation (validation), ``evaluate`` prices a plan; ``trainer``: the run
-    goes through the HF Trainer (see :func:`batch_changes`). Deterministic: levers and splits in fixed order."""
-    found: list[tuple[tuple[float, int, int], Fix]] = []
-    per_rank = plan.micro_batch_size * plan.gradient_accumulation_steps
-    checkpointing_modes = [plan.checkpointing] + (["full"] if plan.checkpointing != "full" else [])
-    for order, lever in enumerate(_levers(plan, spec)):
-        for mode in checkpointing_modes:
-            for micro in _divisors_below(plan.micro_batch_size):
-                if lever.changes == () and mode == plan.checkpointing and micro == plan.micro_batch_size:
-                    continue  # that is the config as it is
-                candidate = replace(
-                    lever.plan,
-                    checkpointing=mode,
-                    micro_batch_size=micro,
-                    gradient_accumulation_steps=per_rank // micro,
-                )
-                evaluation = evaluate(candidate)
-                if not evaluation.feasible:
-                    continue
-                changes = tuple((key, value) for key, value in lever.changes if get(config, key) != value)
-                script: tuple[str, ...] = ()
-                if micro != plan.micro_batch_size:
-                    extra, script = batch_changes(config, micro, per_rank // micro, trainer)
-                    changes = changes + extra
-                if mode != plan.checkpointing:
-                    script = (CHECKPOINTING_SCRIPT, *script)
-                fixed = with_changes(config, dict(changes))
-                if not accept(fixed, micro, per_rank // micro):
-                    break
-                label = _label(lever.label, mode != plan.checkpointing, micro, per_rank // micro, plan)
-                fix = Fix(label, changes, script, evaluation, fixed)
-                found.append(((round(evaluation.step.total_s, 9), len(changes) + len(script), order), fix))
-                break  # the largest feasible micro-batch of this lever is its fastest
-    found.sort(key=lambda item: item[0])
-    ranked = [fix for _key, fix in found]
-    return [fix for fix in ranked if not any(_dominates(other, fix) for other in ranked)][:limit]
+    """The ``limit`` best fixes among the solver's feasible ``candidates`` (in the solver's order).
+
+    ``price`` reads a fixed config the way the doctor reads any config, at the candidate's batch
+    and checkpointing, and returns its evaluation, or None when validation or DeepSpeed's batch
+    derivation refuses it. A fix is kept when that reading is feasible."""
+    found: list[Fix] = []
+    seen: set[tuple[tuple[str, Any], ...]] = set()
+    for index, candidate in enumerate(candidates):
+        if index >= CANDIDATES and found:
+            break
+        for target in (_near(candidate.plan, current), candidate.plan):
+            changes, script = plan_changes(config, current, target, spec, trainer)
+            if not changes and not script:
+                continue
+            key = tuple(sorted(changes, key=lambda kv: kv[0])) + tuple(("script", s) for s in script)
+            if key in seen:
+                break
+            fixed = with_changes(config, dict(changes))
+            evaluation = price(fixed, target)
+            if evaluation is None or not evaluation.feasible:
+                continue
+            seen.add(key)
+            found.append(Fix(describe(current, target), changes, script, evaluation, fixed))
+            break
+    return order_fixes(found)[:limit]
 
 
-def _dominates(a: Fix, b: Fix) -> bool:
-    """``a`` makes a subset of ``b``'s changes and is no slower: ``b`` adds nothing but margin."""
-    return (
-        a is not b
-        and set(a.changes) <= set(b.changes)
-        and set(a.script_changes) <= set(b.script_changes)
-        and a.evaluation.step.total_s <= b.evaluation.step.total_s
-        and (set(a.changes), set(a.script_changes)) != (set(b.changes), set(b.script_changes))
-    )
-
-
-def _label(lever: str, checkpointing: bool, micro: int, accum: int, plan: Plan) -> str:
-    parts = [] if lever == "keep ZeRO settings" else [lever]
-    if checkpointing:
-        parts.append("activation checkpointing")
-    if micro != plan.micro_batch_size:
-        parts.append(f"micro-batch {micro} x accumulation {accum}")
-    return " + ".join(parts) or lever
+def order_fixes(fixes: list[Fix], band: float = STEP_TIME_TIE_BAND) -> list[Fix]:
+    """Fastest first; fixes within ``band`` of the fastest remaining one are equally fast, and of
+    those the one with the fewest changes goes first (then the faster)."""
+    remaining = sorted(fixes, key=lambda f: f.evaluation.step.total_s)
+    ordered: list[Fix] = []
+    while remaining:
+        limit = remaining[0].evaluation.step.total_s * (1 + band)
+        tied = [f for f in remaining if f.evaluation.step.total_s <= limit]
+        pick = min(tied, key=lambda f: (f.size, f.evaluation.step.total_s))
+        ordered.append(pick)
+        remaining.remove(pick)
+    return ordered
 
 
 def current_value(config: Mapping[str, Any], key: str) -> Any:

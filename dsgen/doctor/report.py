@@ -6,7 +6,8 @@ from typing import Any
 
 from dsgen.doctor.diagnose import Diagnosis
 from dsgen.doctor.fixes import current_value
-from dsgen.report import GPU_TERMS, PHASE_LABELS, memory_dict, plan_dict
+from dsgen.plan import plan_dict
+from dsgen.report import GPU_TERMS, PHASE_LABELS, memory_dict
 from dsgen.solver import gib
 
 
@@ -14,7 +15,7 @@ def diagnosis_dict(d: Diagnosis) -> dict[str, Any]:
     """The JSON contract: verdict, memory (as ``solve --json``), step_time_s, findings, fixes."""
     e = d.evaluation
     body: dict[str, Any] = {
-        "verdict": d.verdict,
+        **d.fit.as_dict(),  # verdict, fill, band, safe_line, evidence (dsgen.verdict)
         "headroom_met": d.headroom_met,
         "memory": memory_dict(e) if e is not None else None,
         "step_time_s": round(e.step.total_s, 6) if e is not None else None,
@@ -95,6 +96,7 @@ def diagnosis_dict(d: Diagnosis) -> dict[str, Any]:
 
 VERDICT_TEXT = {
     "fits": "FITS",
+    "tight": "TIGHT (below capacity, above the safe line)",
     "oom": "OUT OF GPU MEMORY (predicted)",
     "host-oom": "OUT OF HOST MEMORY / NVMe (predicted)",
     "invalid": "INVALID CONFIG",
@@ -105,8 +107,10 @@ def human(d: Diagnosis) -> str:
     spec = d.spec
     lines = [
         f"verdict   {VERDICT_TEXT[d.verdict]}"
-        + ("" if d.headroom_met or d.verdict != "fits" else " (less than the requested headroom)")
+        + (f": {d.fit.fill:.0%} of GPU capacity" if d.evaluation is not None and d.verdict != "host-oom" else "")
     ]
+    if d.fit.evidence:
+        lines.append(f"          {d.fit.evidence}")
     lines.append(
         f"model     {spec.model.name} on {spec.hardware.nodes} x {spec.hardware.gpus_per_node} x {spec.hardware.gpu.name}, sequence {spec.training.sequence_length}, {spec.training.attention} attention"
     )
@@ -182,15 +186,15 @@ def human(d: Diagnosis) -> str:
             for change in fix.script_changes:
                 lines.append(f"       script: {change}")
         lines.append("  (write the first with --fix -o fixed.json)")
-    elif d.verdict in ("oom", "host-oom"):
+    elif d.verdict in ("tight", "oom", "host-oom"):
         lines.append("")
         if d.verdict == "host-oom":
             lines.append(
-                "no fix within the config's levers fits: add host RAM, declare NVMe (hardware.nvme) for "
+                "no plan dsgen solve finds for this spec fits: add host RAM, declare NVMe (hardware.nvme) for "
                 "ZeRO-Infinity offload, or add nodes (each holds a smaller share)"
             )
         else:
-            lines.append("no fix within the config's levers fits: add GPUs or nodes, or shorten the sequence")
+            lines.append("no plan dsgen solve finds for this spec fits: add GPUs or nodes, or shorten the sequence")
     return "\n".join(lines)
 
 

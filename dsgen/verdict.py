@@ -1,0 +1,121 @@
+"""One verdict vocabulary for every command: ``fits``, ``tight``, ``oom``, ``host-oom`` (and the
+doctor's ``invalid``), with the calibrated band each one stands for.
+
+Why bands and not a yes/no: the memory model is right to within a few per cent on most published
+runs, but below capacity it cannot tell a run that fits from one that runs out of memory at 95 %
+(allocator fragmentation, CUDA context and NCCL by version; docs/prediction-accuracy.md). The
+published corpus (bench/data/fit_outcomes.yaml) says where that zone starts, so a prediction is
+read against it:
+
+* ``fits``: predicted at or below the safe line, ``1 - memory_headroom`` at the spec's *default*
+  headroom (the line the corpus calibrates; a user's own ``constraints.memory_headroom`` changes
+  what the solver accepts, not what the evidence says);
+* ``tight``: above the safe line and at or below capacity; it states the evidence of that band;
+* ``oom``: predicted above GPU capacity;
+* ``host-oom``: host RAM or NVMe over budget (checked first: it is a verdict on the whole node).
+
+:data:`BANDS` holds the outcomes of the published runs in each band, as ``bench/fit_accuracy.py``
+prints them (its ``calibration`` lines); ``tests/test_verdict.py`` re-derives them from the corpus
+with ``dsgen doctor``'s own predictions, so they cannot drift from the data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from dsgen.spec.defaults import spec_default
+
+#: What a prediction says about a run; ``invalid`` is the doctor's for a config DeepSpeed refuses.
+Verdict = Literal["fits", "tight", "oom", "host-oom", "invalid"]
+VERDICTS: tuple[Verdict, ...] = get_args(Verdict)
+
+#: The safe line as a fill (predicted / capacity): below it the corpus's runs fit.
+SAFE_LINE: float = 1.0 - float(spec_default("constraints.memory_headroom"))
+
+
+@dataclass(frozen=True)
+class Band:
+    """Published runs whose dsgen doctor prediction fell in ``(low, high]`` of GPU capacity."""
+
+    verdict: Verdict
+    low: float
+    high: float  # ``inf`` for the band above capacity
+    runs: int
+    gpu_oom: int  # of those, how many ran out of GPU memory
+
+    def evidence(self) -> str:
+        """The sentence a user reads beside the verdict."""
+        if self.high == float("inf"):
+            where = f"above {self.low:.0%} of capacity"
+        else:
+            where = f"at {self.low:.0%}-{self.high:.0%} of capacity"
+        return (
+            f"of the {self.runs} published runs predicted {where}, {self.gpu_oom} ran out of GPU memory "
+            "(bench/data/fit_outcomes.yaml)"
+        )
+
+
+#: Calibration on the 48 published runs of bench/data/fit_outcomes.yaml that the doctor does not
+#: call host-oom (bench/fit_accuracy.py, "calibration" lines): one run of 33 below the line ran out
+#: of GPU memory, 5 of 6 between the line and capacity, 8 of 9 above capacity.
+BANDS: tuple[Band, ...] = (
+    Band("fits", 0.0, SAFE_LINE, runs=33, gpu_oom=1),
+    Band("tight", SAFE_LINE, 1.0, runs=6, gpu_oom=5),
+    Band("oom", 1.0, float("inf"), runs=9, gpu_oom=8),
+)
+
+
+@dataclass(frozen=True)
+class FitVerdict:
+    """A verdict with the numbers behind it: ``fill`` is predicted GPU bytes / capacity."""
+
+    verdict: Verdict
+    fill: float
+    band: Band | None  # None for host-oom and invalid
+
+    @property
+    def evidence(self) -> str | None:
+        return self.band.evidence() if self.band is not None and self.verdict == "tight" else None
+
+    def as_dict(self) -> dict[str, object]:
+        """The JSON every command carries: ``verdict``, ``fill`` and the band's edges."""
+        return {
+            "verdict": self.verdict,
+            "fill": round(self.fill, 4),
+            "band": (
+                {
+                    "low": round(self.band.low, 4),
+                    "high": None if self.band.high == float("inf") else round(self.band.high, 4),
+                    "published_runs": self.band.runs,
+                    "published_gpu_oom": self.band.gpu_oom,
+                }
+                if self.band is not None
+                else None
+            ),
+            "safe_line": round(SAFE_LINE, 4),
+            "evidence": self.evidence,
+        }
+
+
+def band_of(fill: float) -> Band:
+    """The calibrated band a GPU fill falls in (the safe line itself is ``fits``, capacity ``tight``)."""
+    if fill <= SAFE_LINE:
+        return BANDS[0]
+    if fill <= 1.0:
+        return BANDS[1]
+    return BANDS[2]
+
+
+def classify(gpu_total: int, gpu_capacity: int, host_ok: bool) -> FitVerdict:
+    """The verdict of a prediction: host-oom when the host or NVMe is short, else by GPU band."""
+    fill = gpu_total / gpu_capacity if gpu_capacity else float("inf")
+    if not host_ok:
+        return FitVerdict("host-oom", fill, None)
+    band = band_of(fill)
+    return FitVerdict(band.verdict, fill, band)
+
+
+def invalid(fill: float | None = None) -> FitVerdict:
+    """The doctor's verdict for a config DeepSpeed or the Trainer refuses."""
+    return FitVerdict("invalid", fill if fill is not None else 0.0, None)

@@ -1,0 +1,34 @@
+"""bench/gpu_peak.py runs end to end on CPU with a tiny model: the same code a GPU run takes
+(DeepSpeed's accelerator API gives torch.cuda's counters there), so the GPU script is ready."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO_ROOT, require_module
+
+
+def test_cpu_smoke_writes_measured_beside_predicted(tmp_path: Path) -> None:
+    require_module("deepspeed")
+    require_module("transformers")
+    out = tmp_path / "peak.json"
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(REPO_ROOT)}
+    run = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "bench" / "gpu_peak.py"), "--cpu-smoke", "--steps", "2", "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert len(rows) == 1
+    row = rows[0]
+    assert row["max_memory_allocated_gib"] > 0 and row["max_memory_reserved_gib"] >= row["max_memory_allocated_gib"]
+    assert row["predicted_gpu_gib"] > 0 and row["measured_step_s"] > 0
+    assert row["plan"].startswith("ZeRO-2")

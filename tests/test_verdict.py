@@ -1,0 +1,223 @@
+"""One verdict vocabulary (issue 22): calibrated bands whose evidence is the published corpus, and
+doctor fixes that come from the solver's own search.
+
+The band counts in dsgen.verdict.BANDS are re-derived here from bench/data/fit_outcomes.yaml with
+``dsgen doctor``'s own predictions, so the evidence a user reads cannot drift from the data.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from dsgen.doctor.diagnose import diagnose
+from dsgen.solver import solve
+from dsgen.spec.loader import load_spec_text
+from dsgen.verdict import BANDS, SAFE_LINE, band_of, classify
+from tests.conftest import EXAMPLES_DIR, REPO_ROOT
+
+
+def _bench(name: str) -> ModuleType:
+    module_name = f"dsgen_bench_{name}"
+    if module_name not in sys.modules:
+        sys.path.insert(0, str(REPO_ROOT / "bench"))
+        spec = importlib.util.spec_from_file_location(module_name, REPO_ROOT / "bench" / f"{name}.py")
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[module_name]
+
+
+def _spec(text: str):
+    return load_spec_text(text, file="spec.yaml", base_dir=EXAMPLES_DIR)
+
+
+def test_band_edges() -> None:
+    assert pytest.approx(0.9) == SAFE_LINE
+    assert band_of(0.9).verdict == "fits" and band_of(0.9001).verdict == "tight"
+    assert band_of(1.0).verdict == "tight" and band_of(1.0001).verdict == "oom"
+    assert classify(10, 100, host_ok=False).verdict == "host-oom"
+    tight = classify(95, 100, host_ok=True)
+    assert tight.evidence is not None and "ran out of GPU memory" in tight.evidence
+    assert tight.as_dict()["band"] == {
+        "low": 0.9,
+        "high": 1.0,
+        "published_runs": BANDS[1].runs,
+        "published_gpu_oom": BANDS[1].gpu_oom,
+    }
+
+
+def test_bands_are_the_corpus_outcomes_of_the_doctors_own_predictions() -> None:
+    specs = _bench("outcome_specs")
+    corpus = specs.load_corpus("fit_outcomes")
+    counts = {band.verdict: [0, 0] for band in BANDS}
+    for case in corpus["cases"]:
+        spec = specs.doctor_spec(case, corpus)
+        d = diagnose(specs.doctor_config(case, corpus, spec.model), spec, max_fixes=0)
+        if d.verdict == "host-oom":
+            continue
+        band = band_of(d.fit.fill)
+        counts[band.verdict][0] += 1
+        counts[band.verdict][1] += case["outcome"] == "oom"
+    assert counts == {band.verdict: [band.runs, band.gpu_oom] for band in BANDS}
+
+
+# ---- fixes from the solver's search --------------------------------------------------------------
+LLAMA_33B = """
+model:
+  architecture: {family: llama, num_layers: 60, hidden_size: 6656, num_attention_heads: 52,
+                 num_key_value_heads: 52, intermediate_size: 17920, vocab_size: 32000, mlp: swiglu}
+hardware: {gpu: a100-40gb, gpus_per_node: 8, nodes: 1, cpu_memory_gib: 600}
+training: {sequence_length: 2048, global_batch_size: 64, optimizer: {type: adamw}}
+constraints: {activation_checkpointing: true}
+"""
+
+BATCH = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 8}
+
+
+def _fix_kinds(d: Any) -> list[str]:
+    return [fix.label for fix in d.fixes]
+
+
+def test_host_ram_case_gets_the_fix_solve_finds() -> None:
+    """Issue 22: LLaMA-33B, ZeRO-3 with optimizer and parameter offload on 8 x A100 40 GB and 600 GB
+    of host RAM ran out of host memory; dsgen solve finds partial offload without parameter offload."""
+    spec = _spec(LLAMA_33B)
+    config = {
+        **BATCH,
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}},
+    }
+    d = diagnose(config, spec)
+    assert d.verdict == "host-oom"
+    assert solve(spec).feasible
+    assert d.fixes, d.findings
+    best = d.fixes[0]
+    assert best.evaluation.feasible and best.evaluation.fit.verdict == "fits"
+    assert best.evaluation.plan.offload_param == "none"
+    assert dict(best.changes)["zero_optimization.offload_param.device"] == "none"
+    assert d.exit_code == 3
+
+
+def test_every_kind_of_fix() -> None:
+    """Partial offload, dropping parameter offload, NVMe where declared, checkpointing, and
+    micro-batch/accumulation at the same global batch: each appears as a fix for a case that needs it."""
+    nvme = LLAMA_33B.replace(
+        "cpu_memory_gib: 600}", "cpu_memory_gib: 200, nvme: {path: /local_nvme, capacity_gib: 3000}}"
+    )
+    z3_offload = {
+        **BATCH,
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}},
+    }
+    d = diagnose(z3_offload, _spec(nvme))
+    assert d.verdict == "host-oom"
+    assert any("nvme" in label.lower() for label in _fix_kinds(d)), _fix_kinds(d)
+    assert any(fix.evaluation.plan.offload_optimizer == "nvme" for fix in d.fixes)
+
+    d = diagnose(z3_offload, _spec(LLAMA_33B))
+    labels = _fix_kinds(d)
+    assert any("partial CPU optimizer offload" in label for label in labels), labels
+    assert any(fix.evaluation.plan.offload_param == "none" for fix in d.fixes)
+
+    # an 8B model, ZeRO-2, micro-batch 8 at 4096 tokens without checkpointing on 8 x A100 40 GB
+    small = _spec(
+        """
+model: {preset: llama-3.1-8b}
+hardware: {gpu: a100-40gb, gpus_per_node: 8, nodes: 1, cpu_memory_gib: 1024}
+training: {sequence_length: 4096, global_batch_size: 64}
+constraints: {activation_checkpointing: false}
+"""
+    )
+    config = {
+        "train_batch_size": 64,
+        "train_micro_batch_size_per_gpu": 8,
+        "gradient_accumulation_steps": 1,
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": 2},
+    }
+    d = diagnose(config, small, max_fixes=20)
+    assert d.verdict == "oom"
+    assert any(fix.script_changes and "checkpointing" in fix.script_changes[0] for fix in d.fixes)
+    batch_fixes = [f for f in d.fixes if "micro-batch" in f.label]
+    assert batch_fixes
+    for fix in batch_fixes:
+        micro = fix.evaluation.plan.micro_batch_size
+        accum = fix.evaluation.plan.gradient_accumulation_steps
+        assert micro * accum * 8 == 64 and dict(fix.changes)["train_micro_batch_size_per_gpu"] == micro
+    for fix in d.fixes:
+        assert fix.evaluation.feasible
+
+
+def test_fixes_are_fastest_first_then_fewest_changes() -> None:
+    from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
+
+    d = diagnose(
+        {
+            **BATCH,
+            "bf16": {"enabled": True},
+            "zero_optimization": {
+                "stage": 3,
+                "offload_optimizer": {"device": "cpu"},
+                "offload_param": {"device": "cpu"},
+            },
+        },
+        _spec(LLAMA_33B),
+        max_fixes=10,
+    )
+    fixes = d.fixes
+    assert len(fixes) >= 2
+    for i, fix in enumerate(fixes):
+        for later in fixes[i + 1 :]:
+            t, u = fix.evaluation.step.total_s, later.evaluation.step.total_s
+            # a later fix is slower, or equally fast (within the band) and changes no fewer keys
+            assert u >= t or (t <= u * (1 + STEP_TIME_TIE_BAND) and fix.size <= later.size)
+
+
+def test_tight_doctor_exit_code_and_fit() -> None:
+    spec = _spec(
+        "model: {preset: qwen2.5-7b}\nhardware: {gpu: a100-40gb, gpus_per_node: 8, nodes: 1, cpu_memory_gib: 1024}\n"
+        "training: {sequence_length: 4096, global_batch_size: 64}\nconstraints: {activation_checkpointing: false}\n"
+    )
+    config = {
+        **BATCH,
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}},
+    }
+    d = diagnose(config, spec)
+    assert d.verdict == "tight" and SAFE_LINE < d.fit.fill <= 1.0
+    assert d.exit_code == 3
+    assert any(f.code == "tight" and "published runs" in f.message for f in d.findings)
+    assert d.fixes and all(f.evaluation.fit.verdict == "fits" for f in d.fixes)
+
+
+TIGHT_SPEC = """model: {preset: qwen2.5-1.5b}
+hardware: {gpu: l4, gpus_per_node: 1, nodes: 1, cpu_memory_gib: 256}
+training: {sequence_length: 8704, global_batch_size: 8}
+"""
+
+
+def test_new_writes_a_tight_plan_only_with_allow_tight(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from tests.cli_helpers import run_cli
+
+    (tmp_path / "spec.yaml").write_text(TIGHT_SPEC)
+    spec, out = str(tmp_path / "spec.yaml"), str(tmp_path / "ds.json")
+    refused = run_cli(["new", spec, "-o", out], capsys)
+    assert refused.exit_code == 3 and not (tmp_path / "ds.json").exists()
+    solved = json.loads(run_cli(["solve", spec, "--json"], capsys).stdout)
+    assert solved["verdict"] == "tight" and solved["feasible"] is False
+    written = run_cli(["new", spec, "-o", out, "--allow-tight", "--json"], capsys)
+    assert written.exit_code == 0, written.stderr
+    body = json.loads(written.stdout)
+    assert body["verdict"] == "tight" and SAFE_LINE < body["fill"] <= 1.0 and body["evidence"]
+    assert (tmp_path / "ds.json").exists()
+    # a user who pins a headroom below the calibrated one gets the tight plan written without the flag
+    pinned = run_cli(["new", spec, "-o", str(tmp_path / "p.json"), "--set", "constraints.memory_headroom=0.0"], capsys)
+    assert pinned.exit_code == 0 and "verdict   tight" in pinned.stdout
