@@ -75,7 +75,7 @@ def new(
         str | None,
         typer.Option(
             "--launcher",
-            help="torchrun, deepspeed, accelerate, slurm or none (default: per target).",
+            help="torchrun, deepspeed, accelerate, slurm, kubernetes, pytorchjob or none (default: per target).",
             metavar="LAUNCHER",
         ),
     ] = None,
