@@ -71,7 +71,7 @@ def _sbatch(array: SlurmArray, max_parallel: int | None) -> str:
         '--partition="$DSGEN_PARTITION"',
     ]
     runs = " \\\n  ".join(shlex.quote(name) for name in array.runs)
-    return f"sbatch {' '.join(options)} \\\n  {ARRAY_SCRIPT} \\\n  {runs} \\\n  -- \"$@\"\n"
+    return f'sbatch {" ".join(options)} \\\n  {ARRAY_SCRIPT} \\\n  {runs} \\\n  -- "$@"\n'
 
 
 def submit_script(arrays: list[SlurmArray], max_parallel: int | None) -> str:
