@@ -700,3 +700,27 @@ def test_action_steps_run_dsgen_as_documented(tmp_path: Path) -> None:
     feasible = run(step, {"sweep": "sweep.yaml"})
     assert feasible.returncode == 0 and "24 feasible, 0 infeasible" in feasible.stderr, feasible.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_readme_cluster_launcher_examples_run(tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's ``dsgen new`` lines for the Slurm (timed) and Kubernetes launchers, as written."""
+    import shlex
+
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Targets and launchers\n", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    lines = [line.split("  #", 1)[0] for line in block.splitlines() if line.startswith("dsgen new ")]
+    chosen = [line for line in lines if re.search(r"--launcher (kubernetes|pytorchjob)|total_steps", line)]
+    assert len(chosen) == 3
+    monkeypatch.chdir(REPO_ROOT)
+    for line in chosen:
+        argv = shlex.split(line)
+        out = tmp_path / argv[argv.index("-o") + 1]
+        argv[argv.index("-o") + 1] = str(out)
+        result = run_cli(argv[1:], capsys)
+        assert result.exit_code == 0, (line, result.stderr)
+        for name in ("configmap.yaml", "trainjob.yaml", "pytorchjob.yaml"):
+            if (out / name).exists():
+                check_manifest(_documents((out / name).read_text()))
+        if (out / "launch.sh").exists():
+            assert re.search(r"^#SBATCH --time=\d+-\d\d:\d\d:\d\d$", (out / "launch.sh").read_text(), re.M)

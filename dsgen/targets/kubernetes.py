@@ -234,7 +234,7 @@ def kubernetes_files(launcher: str, name: str, files: dict[str, str], request: R
         f"# Placeholders: image ({IMAGE_PLACEHOLDER}: an image with torch, DeepSpeed and your script),\n"
         f"# env TRAIN_SCRIPT (the script's path in the image) and args (the script's arguments).\n"
         f"# Memory request: {request.memory_k8s} per node, from the plan's predicted host RAM\n"
-        f"# ({request.predicted_host_bytes / 2**30:.1f} GiB) plus a margin (docs/templates.md, Kubernetes).\n"
+        f"# ({request.predicted_host_bytes / 2**30:.1f} GiB) plus a margin (docs/templates.md, \"Resource requests\").\n"
         f"# Apply with the ConfigMap: kubectl apply -f {CONFIGMAP_FILE} -f {JOB_FILE[launcher]}\n"
     )
     cm_header = f"# dsgen: the bundle's files, mounted at {BUNDLE_MOUNT} by {JOB_FILE[launcher]}.\n"
