@@ -3,9 +3,9 @@
 * ``--launcher kubernetes`` / ``pytorchjob``: every manifest is validated against the published
   CRD schemas (Kubeflow Trainer v2.3.0 TrainJob, training-operator v1.9.0 PyTorchJob) and
   Kubernetes 1.36's core ConfigMap and ObjectMeta schemas, vendored under
-  ``tests/fixtures/k8s-schemas/`` (README there: versions, sources), with ``jsonschema``; the
-  container command runs under bash with the real torchrun, which reads the ``PET_*`` variables
-  the operators set.
+  ``tests/fixtures/k8s-schemas/`` (README there: versions, sources), with ``jsonschema``, and the
+  CRDs' CEL rules with cel-python; the container command runs under bash with the real torchrun,
+  which reads the ``PET_*`` variables the operators set.
 * Slurm: ``launch.sh`` asks for ``--mem`` covering the predicted host RAM; ``--time`` is derived
   only when the spec gives a step count.
 * Sweeps: ``submit.sh`` is run with stub ``sbatch``/``srun``/``scontrol`` on PATH; the exact
@@ -41,7 +41,7 @@ from dsgen.api import build_bundle
 from dsgen.targets import FRAMEWORK_FILE
 from dsgen.units import GIB
 from tests.cli_helpers import run_cli
-from tests.conftest import EXAMPLES_DIR, REPO_ROOT, _missing
+from tests.conftest import EXAMPLES_DIR, REPO_ROOT, _missing, require_module
 
 SCHEMAS = Path(__file__).resolve().parent / "fixtures" / "k8s-schemas"
 MIB = 1024 * 1024
@@ -115,28 +115,35 @@ def _errors(kind: str, document: Any) -> list[str]:
     return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in _validator(kind).iter_errors(document)]
 
 
-def _name_rules() -> list[tuple[str, Any]]:
-    """The TrainJob CRD's CEL rules on the object's name, read from the CRD (not restated here)."""
-    schema = _crd_version(_crd("trainer.kubeflow.org_trainjobs.yaml"), "v1alpha1")
-    rules = []
-    for rule in schema["x-kubernetes-validations"]:
-        text = rule["rule"]
-        pattern = re.fullmatch(r"self\.metadata\.name\.matches\('(.+)'\)", text)
-        size = re.fullmatch(r"size\(self\.metadata\.name\) <= (\d+)", text)
-        assert pattern or size, f"a CEL rule this test cannot apply: {text}"
-        if pattern:
-            rules.append((text, _matches(pattern.group(1))))
-        elif size:
-            rules.append((text, _at_most(int(size.group(1)))))
-    return rules
+def cel_errors(schema: dict[str, Any], value: Any, path: str = "") -> list[str]:
+    """Every ``x-kubernetes-validations`` rule of ``schema`` and its sub-schemas, evaluated on the
+    matching parts of ``value`` with cel-python, as the API server evaluates them on create.
+    Transition rules (they name ``oldSelf``) apply only to updates and are left out."""
+    celpy = require_module("celpy")
+    errors = []
+    for rule in schema.get("x-kubernetes-validations", []):
+        if "oldSelf" in rule["rule"]:
+            continue
+        env = celpy.Environment()
+        verdict = env.program(env.compile(rule["rule"])).evaluate({"self": celpy.json_to_cel(value)})
+        if not (isinstance(verdict, celpy.celtypes.BoolType) and bool(verdict)):  # false, or a CEL error
+            errors.append(f"{path or '/'}: {rule.get('message', rule['rule'])}")
+    if isinstance(value, dict):
+        extra = schema.get("additionalProperties")
+        for key, item in value.items():
+            sub = schema.get("properties", {}).get(key, extra if isinstance(extra, dict) else None)
+            if sub is not None:
+                errors += cel_errors(sub, item, f"{path}/{key}")
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for index, item in enumerate(value):
+            errors += cel_errors(schema["items"], item, f"{path}/{index}")
+    return errors
 
 
-def _matches(pattern: str) -> Any:
-    return lambda name: re.search(pattern, name) is not None  # CEL matches(): RE2 search semantics
-
-
-def _at_most(size: int) -> Any:
-    return lambda name: len(name) <= size
+def _crd_schema(kind: str) -> dict[str, Any]:
+    if kind == "TrainJob":
+        return _crd_version(_crd("trainer.kubeflow.org_trainjobs.yaml"), "v1alpha1")
+    return _crd_version(_crd("kubeflow.org_pytorchjobs.yaml"), "v1")
 
 
 def check_manifest(document: dict[str, Any]) -> None:
@@ -144,9 +151,8 @@ def check_manifest(document: dict[str, Any]) -> None:
     kind = document["kind"]
     assert not _errors(kind, document), _errors(kind, document)
     assert not _errors("ObjectMeta", document["metadata"]), _errors("ObjectMeta", document["metadata"])
-    if kind == "TrainJob":
-        for text, holds in _name_rules():
-            assert holds(document["metadata"]["name"]), (text, document["metadata"]["name"])
+    if kind in ("TrainJob", "PyTorchJob"):
+        assert not cel_errors(_crd_schema(kind), document), cel_errors(_crd_schema(kind), document)
 
 
 def test_schemas_refuse_what_the_server_refuses() -> None:
@@ -158,8 +164,12 @@ def test_schemas_refuse_what_the_server_refuses() -> None:
     assert not _errors("PyTorchJob", job)
     assert _errors("PyTorchJob", {**job, "spec": {"pytorchReplicaSpecs": {}, "nprocPerNode": 8}})
     assert _errors("ObjectMeta", {"name": "x", "label": {}})
-    (pattern_rule, holds) = _name_rules()[0]
-    assert not holds("Run_1"), pattern_rule
+    named = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "spec": {"runtimeRef": {"name": "r"}}}
+    assert not cel_errors(_crd_schema("TrainJob"), {**named, "metadata": {"name": "run-1"}})
+    assert cel_errors(_crd_schema("TrainJob"), {**named, "metadata": {"name": "Run_1"}})
+    assert cel_errors(_crd_schema("TrainJob"), {**named, "metadata": {"name": "r" * 64}})
+    managed = {**named, "metadata": {"name": "run-1"}, "spec": {**named["spec"], "managedBy": "me"}}
+    assert cel_errors(_crd_schema("TrainJob"), managed)  # a rule below the root is evaluated too
 
 
 # ---- quantities as Kubernetes and Slurm read them -------------------------------------------
@@ -724,3 +734,17 @@ def test_readme_cluster_launcher_examples_run(tmp_path: Path, capsys, monkeypatc
                 check_manifest(_documents((out / name).read_text()))
         if (out / "launch.sh").exists():
             assert re.search(r"^#SBATCH --time=\d+-\d\d:\d\d:\d\d$", (out / "launch.sh").read_text(), re.M)
+
+
+def test_max_parallel_is_optional_and_positive(tmp_path: Path, capsys) -> None:
+    from dsgen.sweep_submit import SlurmArray, submit_script
+
+    text = submit_script([SlurmArray(2, 8, 1, ("a", "b", "c"), "100G", "0-02:00:00")], None)
+    assert "--array=0-2 " in text and "%" not in text and "DSGEN_TIME" not in text
+    assert "--time=0-02:00:00" in text
+    (tmp_path / "sweep.yaml").write_text(SLURM_SWEEP)
+    refused = run_cli(
+        ["sweep", str(tmp_path / "sweep.yaml"), "-o", str(tmp_path / "runs"), "--max-parallel", "0"], capsys
+    )
+    assert refused.exit_code == 2 and "--max-parallel" in refused.stderr
+    assert not (tmp_path / "runs").exists()
