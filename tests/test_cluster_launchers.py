@@ -53,6 +53,15 @@ PLANS: dict[str, tuple[str, list[str], str]] = {
     "gpt2-2x2-rtx4090": ("gpt2-xl-rtx4090.yaml", ["hardware.nodes=2"], "lightning"),
     "mistral-v100-steps": ("mistral-7b-v100.yaml", ["training.scheduler.total_steps=2000"], "hf-trainer"),
     "qwen-adafactor": ("qwen2.5-7b-adafactor-4xa100-40gb.yaml", [], "deepspeed"),
+    "8b-nvme-offload": (
+        "llama-3.1-8b-8xh100.yaml",
+        [
+            "hardware.nvme={path: /local_nvme, capacity_gib: 3500, bandwidth_gbps: 3}",
+            "constraints.zero_stage=3",
+            "constraints.offload_optimizer=nvme",
+        ],
+        "deepspeed",
+    ),
 }
 JOB_FILE = {"kubernetes": "trainjob.yaml", "pytorchjob": "pytorchjob.yaml"}
 
@@ -210,6 +219,8 @@ def test_plans_include_cpu_offload_and_several_nodes(bundles: dict[tuple[str, st
     result, _ = bundles[("70b-2x8xa100-offload", "kubernetes")]
     assert result.best.plan.offload_optimizer == "cpu" and result.spec.hardware.nodes == 2
     assert {r.spec.hardware.nodes for r, _ in bundles.values()} >= {1, 2}
+    result, _ = bundles[("8b-nvme-offload", "kubernetes")]
+    assert result.best.plan.offload_optimizer == "nvme"
 
 
 def _documents(text: str) -> dict[str, Any]:
@@ -280,6 +291,13 @@ def test_kubernetes_manifests_validate_and_request_the_plan(
         assert by_name[next(n for n, m in mounts.items() if m["mountPath"] == "/dev/shm")]["emptyDir"] == {
             "medium": "Memory"
         }
+        # ZeRO-Infinity's swap directory, as the DeepSpeed JSON names it, is the node's own
+        zero = json.loads(bundle.files["ds_config.json"])["zero_optimization"]
+        for section in ("offload_optimizer", "offload_param"):
+            if zero.get(section, {}).get("device") == "nvme":
+                path = zero[section]["nvme_path"]
+                (mount,) = [m for m in mounts.values() if m["mountPath"] == path]
+                assert by_name[mount["name"]]["hostPath"]["path"] == path
         assert container["image"] == "CHANGE_ME"  # the documented placeholder
         assert container["command"][:2] == ["bash", "-c"]
 

@@ -117,7 +117,9 @@ def render_bundle(
     if context["files"]["hostfile"]:
         files[HOSTFILE] = render_template("launch/hostfile.j2", context, template_dir)
     if launcher in KUBERNETES_LAUNCHERS:
-        files.update(kubernetes_files(launcher, job_name or spec.model.name or "dsgen", files, request))
+        offloads_to_nvme = "nvme" in (plan.offload_optimizer, plan.offload_param)
+        nvme = spec.hardware.nvme.path if offloads_to_nvme and spec.hardware.nvme is not None else None
+        files.update(kubernetes_files(launcher, job_name or spec.model.name or "dsgen", files, request, nvme))
     return Bundle(target, launcher, files, config, ctx.notes, ctx.defaults, request)
 
 

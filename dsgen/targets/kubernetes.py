@@ -107,20 +107,27 @@ def _env() -> list[dict[str, str]]:
     ]
 
 
-def _volumes(name: str) -> list[dict[str, Any]]:
-    return [
+def _volumes(name: str, nvme_path: str | None) -> list[dict[str, Any]]:
+    volumes: list[dict[str, Any]] = [
         {"name": "dsgen-bundle", "configMap": {"name": f"{name}-bundle"}},
         {"name": "dsgen-run", "emptyDir": {}},
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
     ]
+    if nvme_path is not None:
+        # ZeRO-Infinity swaps to the node's NVMe drive at the path the DeepSpeed JSON names
+        volumes.append({"name": "dsgen-nvme", "hostPath": {"path": nvme_path, "type": "Directory"}})
+    return volumes
 
 
-def _mounts() -> list[dict[str, Any]]:
-    return [
+def _mounts(nvme_path: str | None) -> list[dict[str, Any]]:
+    mounts: list[dict[str, Any]] = [
         {"name": "dsgen-bundle", "mountPath": BUNDLE_MOUNT, "readOnly": True},
         {"name": "dsgen-run", "mountPath": RUN_DIR},
         {"name": "dshm", "mountPath": "/dev/shm"},
     ]
+    if nvme_path is not None:
+        mounts.append({"name": "dsgen-nvme", "mountPath": nvme_path})
+    return mounts
 
 
 def _resources(request: ResourceRequest) -> dict[str, Any]:
@@ -131,9 +138,10 @@ def _resources(request: ResourceRequest) -> dict[str, Any]:
     }
 
 
-def trainjob(name: str, request: ResourceRequest) -> dict[str, Any]:
+def trainjob(name: str, request: ResourceRequest, nvme_path: str | None = None) -> dict[str, Any]:
     """A Kubeflow Trainer TrainJob running the bundle on the plan's nodes x GPUs."""
-    pod_patch = {"volumes": _volumes(name), "containers": [{"name": "node", "volumeMounts": _mounts()}]}
+    mounts = _mounts(nvme_path)
+    pod_patch = {"volumes": _volumes(name, nvme_path), "containers": [{"name": "node", "volumeMounts": mounts}]}
     return {
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "TrainJob",
@@ -171,7 +179,7 @@ def trainjob(name: str, request: ResourceRequest) -> dict[str, Any]:
     }
 
 
-def _replica(name: str, request: ResourceRequest, replicas: int) -> dict[str, Any]:
+def _replica(name: str, request: ResourceRequest, replicas: int, nvme_path: str | None) -> dict[str, Any]:
     container = {
         "name": "pytorch",
         "image": IMAGE_PLACEHOLDER,
@@ -179,23 +187,23 @@ def _replica(name: str, request: ResourceRequest, replicas: int) -> dict[str, An
         "args": [],
         "env": _env(),
         "resources": _resources(request),
-        "volumeMounts": _mounts(),
+        "volumeMounts": _mounts(nvme_path),
     }
     return {
         "replicas": replicas,
         "restartPolicy": "OnFailure",
         "template": {
             "metadata": {"labels": _labels(name)},
-            "spec": {"containers": [container], "volumes": _volumes(name)},
+            "spec": {"containers": [container], "volumes": _volumes(name, nvme_path)},
         },
     }
 
 
-def pytorchjob(name: str, request: ResourceRequest) -> dict[str, Any]:
+def pytorchjob(name: str, request: ResourceRequest, nvme_path: str | None = None) -> dict[str, Any]:
     """A training-operator v1 PyTorchJob: a Master and ``nodes - 1`` Workers of one node each."""
-    replicas = {"Master": _replica(name, request, 1)}
+    replicas = {"Master": _replica(name, request, 1, nvme_path)}
     if request.nodes > 1:
-        replicas["Worker"] = _replica(name, request, request.nodes - 1)
+        replicas["Worker"] = _replica(name, request, request.nodes - 1, nvme_path)
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
@@ -224,18 +232,27 @@ def _dump(document: dict[str, Any], header: str) -> str:
     return header + body
 
 
-def kubernetes_files(launcher: str, name: str, files: dict[str, str], request: ResourceRequest) -> dict[str, str]:
-    """The manifests (file name -> YAML text) that run ``files`` under ``launcher``."""
+def kubernetes_files(
+    launcher: str, name: str, files: dict[str, str], request: ResourceRequest, nvme_path: str | None = None
+) -> dict[str, str]:
+    """The manifests (file name -> YAML text) that run ``files`` under ``launcher``; ``nvme_path``:
+    the node directory the plan offloads to (ZeRO-Infinity), mounted at the same path."""
     job_name = k8s_name(name)
     kind = "TrainJob (Kubeflow Trainer v2)" if launcher == "kubernetes" else "PyTorchJob (training-operator v1)"
-    job = trainjob(job_name, request) if launcher == "kubernetes" else pytorchjob(job_name, request)
+    build = trainjob if launcher == "kubernetes" else pytorchjob
+    job = build(job_name, request, nvme_path)
     header = (
         f"# dsgen: {kind} for {request.nodes} node(s) x {request.gpus_per_node} GPU(s).\n"
         f"# Placeholders: image ({IMAGE_PLACEHOLDER}: an image with torch, DeepSpeed and your script),\n"
         f"# env TRAIN_SCRIPT (the script's path in the image) and args (the script's arguments).\n"
         f"# Memory request: {request.memory_k8s} per node, from the plan's predicted host RAM\n"
-        f"# ({request.predicted_host_bytes / 2**30:.1f} GiB) plus a margin (docs/templates.md, \"Resource requests\").\n"
+        f'# ({request.predicted_host_bytes / 2**30:.1f} GiB) plus a margin (docs/templates.md, "Resource requests").\n'
         f"# Apply with the ConfigMap: kubectl apply -f {CONFIGMAP_FILE} -f {JOB_FILE[launcher]}\n"
     )
+    if nvme_path is not None:
+        header += (
+            f"# The plan offloads to NVMe at {nvme_path}: that node directory is mounted as a hostPath volume\n"
+            "# (Pod Security's baseline and restricted levels forbid hostPath: use a local PersistentVolume there).\n"
+        )
     cm_header = f"# dsgen: the bundle's files, mounted at {BUNDLE_MOUNT} by {JOB_FILE[launcher]}.\n"
     return {CONFIGMAP_FILE: _dump(configmap(job_name, files), cm_header), JOB_FILE[launcher]: _dump(job, header)}
