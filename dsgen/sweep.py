@@ -286,5 +286,5 @@ def manifest_row(sweep: Sweep, outcome: Outcome, written: list[str]) -> dict[str
         "files": written,
         # after files, for the same reason: what starts the run, and which of its files those are
         "launcher": outcome.launcher,
-        "launch_files": [f"{outcome.run.name}/{name}" for name in outcome.launch_files],
+        "launch_files": [p for p in (f"{outcome.run.name}/{name}" for name in outcome.launch_files) if p in written],
     }

@@ -766,3 +766,11 @@ def test_max_parallel_is_optional_and_positive(tmp_path: Path, capsys) -> None:
     )
     assert refused.exit_code == 2 and "--max-parallel" in refused.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_dry_run_rows_list_no_files(tmp_path: Path, capsys) -> None:
+    (tmp_path / "sweep.yaml").write_text(K8S_SWEEP)
+    result = run_cli(["sweep", str(tmp_path / "sweep.yaml"), "--dry-run", "--json"], capsys)
+    assert result.exit_code == 0, result.stderr
+    rows = json.loads(result.stdout)
+    assert rows and all(r["files"] == [] == r["launch_files"] and r["launcher"] for r in rows)
