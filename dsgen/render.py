@@ -220,8 +220,9 @@ def render(spec: Spec, plan: Plan, target: str = "deepspeed", template_dir: Path
     return Rendered(target=target, text=text, config=config)
 
 
-def template_context(spec: Spec, plan: Plan, ctx: Any) -> dict[str, Any]:
-    """The variables every template sees (documented in docs/templates.md)."""
+def template_context(spec: Spec, plan: Plan, ctx: Any, resources: Any = None) -> dict[str, Any]:
+    """The variables every template sees (documented in docs/templates.md); ``resources``: the
+    scheduler request of a bundle's launch files (dsgen.targets.requests), None for the JSON alone."""
     from dsgen.targets import CONFIG_FILE, FRAMEWORK_FILE, HOSTFILE, LAUNCH_FILE
     from dsgen.targets.context import ACCELERATE_PRECISION, LIGHTNING_PRECISION, named
 
@@ -246,6 +247,7 @@ def template_context(spec: Spec, plan: Plan, ctx: Any) -> dict[str, Any]:
         "accelerate_precision": ACCELERATE_PRECISION[plan.precision],
         "lightning_precision": LIGHTNING_PRECISION[plan.precision],
         "notes": list(ctx.notes),
+        "resources": resources,
         "files": {
             "ds_config": CONFIG_FILE,
             "framework": FRAMEWORK_FILE.get(ctx.target),

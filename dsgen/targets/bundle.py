@@ -96,8 +96,7 @@ def render_bundle(
     if request is None:
         request = plan_request(spec, plan, target)
     ctx = target_context(spec, plan, target, launcher)
-    context = template_context(spec, plan, ctx)
-    context["resources"] = request
+    context = template_context(spec, plan, ctx, resources=request)
     files: dict[str, str] = {}
     raw = render_template(f"{target}/ds_config.json.j2", context, template_dir)
     config = _parse_json(raw, f"{target}/ds_config.json.j2")
