@@ -774,3 +774,24 @@ def test_dry_run_rows_list_no_files(tmp_path: Path, capsys) -> None:
     assert result.exit_code == 0, result.stderr
     rows = json.loads(result.stdout)
     assert rows and all(r["files"] == [] == r["launch_files"] and r["launcher"] for r in rows)
+
+
+def test_dsgen_new_prints_the_request(tmp_path: Path, capsys) -> None:
+    spec = str(EXAMPLES_DIR / "gpt2-xl-rtx4090.yaml")
+    argv = ["new", spec, "--set", "hardware.nodes=2", "--target", "lightning", "--launcher", "pytorchjob"]
+    result = run_cli([*argv, "-o", str(tmp_path / "run")], capsys)
+    assert result.exit_code == 0, result.stderr
+    (line,) = [x for x in result.stdout.splitlines() if x.startswith("requests per node:")]
+    manifest = _documents((tmp_path / "run" / "pytorchjob.yaml").read_text())
+    resources = manifest["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["resources"]
+    memory = resources["requests"]["memory"]
+    assert line.startswith(f"requests per node: 2 GPU(s), {memory[:-2]} {memory[-2:]}B host RAM (predicted ")
+
+
+@pytest.mark.parametrize("launcher", ["kubernetes", "pytorchjob"])
+def test_accelerate_target_refuses_the_kubernetes_launchers(launcher: str, tmp_path: Path, capsys) -> None:
+    """Accelerate's config is read only by accelerate launch; the manifests start torchrun."""
+    spec = str(EXAMPLES_DIR / "gpt2-xl-rtx4090.yaml")
+    result = run_cli(["new", spec, "--target", "accelerate", "--launcher", launcher, "-o", str(tmp_path / "r")], capsys)
+    assert result.exit_code == 2 and f"launcher {launcher} cannot start the accelerate target" in result.stderr
+    assert "output.launcher" in result.stderr and not (tmp_path / "r").exists()

@@ -65,6 +65,11 @@ class ResourceRequest:
         return _with_unit(self.memory_bytes, "G", "M")
 
     @property
+    def memory_text(self) -> str:
+        """The request for people (``767 GiB``)."""
+        return _with_unit(self.memory_bytes, " GiB", " MiB")
+
+    @property
     def slurm_time(self) -> str | None:
         """``--time`` as Slurm's ``days-hours:minutes:seconds``."""
         return None if self.time_limit_s is None else slurm_duration(self.time_limit_s)
