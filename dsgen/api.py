@@ -145,12 +145,14 @@ def run_sweep_to(
     force: bool = False,
     progress: Progress | None = None,
     max_runs: int | None = None,
+    max_parallel: int | None = None,
 ) -> SweepResult:
     """Solve every run of the sweep file at ``path`` and publish them as the directory ``output``.
 
     ``output=None`` solves without writing anything (a dry run). The directory appears whole or
     not at all; ``force`` replaces only a directory an earlier dsgen run wrote. ``max_runs``
-    (default :data:`dsgen.sweep.MAX_RUNS`) refuses sweeps that expand to more runs.
+    (default :data:`dsgen.sweep.MAX_RUNS`) refuses sweeps that expand to more runs;
+    ``max_parallel`` caps how many tasks of each Slurm job array in ``submit.sh`` run at once.
     """
     from dsgen.sweep import MAX_RUNS, load_sweep
     from dsgen.sweep_output import solve_sweep, write_sweep
@@ -159,7 +161,7 @@ def run_sweep_to(
 
     if output is None:
         return solve_sweep(load_sweep(path, max_runs=max_runs), progress)
-    return write_sweep(path, output, force=force, progress=progress, max_runs=max_runs)
+    return write_sweep(path, output, force=force, progress=progress, max_runs=max_runs, max_parallel=max_parallel)
 
 
 def render_bundle(
@@ -205,4 +207,10 @@ def build_bundle(
         tight = solve_spec(relaxed, accounting)
         result = tight if tight.feasible else result
     best = require_feasible(result)
-    return result, render_bundle(result.spec, best.plan, chosen, how, template_dir)
+    from dsgen.targets import bundle
+    from dsgen.targets.requests import resource_request
+
+    # the launch files ask for what this evaluation predicts (under the accounting asked for)
+    request = resource_request(result.spec, chosen, best.memory.cpu.total, best.step.total_s)
+    tdir = Path(template_dir) if template_dir is not None else None
+    return result, bundle.render_bundle(result.spec, best.plan, chosen, how, tdir, request=request)

@@ -23,6 +23,7 @@ from dsgen.resources import template_dir
 from dsgen.spec.types import Spec
 from dsgen.targets import CONFIG_FILE, FRAMEWORK_FILE, HOSTFILE, LAUNCH_FILE
 from dsgen.targets.context import ACCELERATE_PRECISION, LIGHTNING_PRECISION, TargetContext, named, target_context
+from dsgen.targets.requests import ResourceRequest
 
 #: The DeepSpeed JSON's template for each target (under the template directory).
 TARGET_TEMPLATES = {
@@ -148,8 +149,11 @@ def render(spec: Spec, plan: Plan, target: str = "deepspeed", template_dir: Path
     return Rendered(target=target, text=text, config=config)
 
 
-def template_context(spec: Spec, plan: Plan, ctx: TargetContext) -> dict[str, Any]:
-    """The variables every template sees (documented in docs/templates.md)."""
+def template_context(
+    spec: Spec, plan: Plan, ctx: TargetContext, resources: ResourceRequest | None = None
+) -> dict[str, Any]:
+    """The variables every template sees (documented in docs/templates.md); ``resources``: the
+    scheduler request of a bundle's launch files (dsgen.targets.requests), None for the JSON alone."""
     needs_hostfile = ctx.launcher == "deepspeed" and spec.hardware.nodes > 1
     return {
         "plan": plan,
@@ -171,6 +175,7 @@ def template_context(spec: Spec, plan: Plan, ctx: TargetContext) -> dict[str, An
         "accelerate_precision": ACCELERATE_PRECISION[plan.precision],
         "lightning_precision": LIGHTNING_PRECISION[plan.precision],
         "notes": list(ctx.notes),
+        "resources": resources,
         "files": {
             "ds_config": CONFIG_FILE,
             "framework": FRAMEWORK_FILE.get(ctx.target),

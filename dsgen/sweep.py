@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dsgen.errors import DsgenError, ExitCode, InfeasibleError
 from dsgen.inputs import read_text
@@ -27,6 +27,9 @@ from dsgen.spec.loader import spec_from_data
 from dsgen.spec.overrides import set_path
 from dsgen.spec.schema_errors import check_against_schema, show
 from dsgen.spec.yaml_source import KeyPath, SourceMap, load_yaml, read_source
+
+if TYPE_CHECKING:
+    from dsgen.targets.requests import ResourceRequest
 
 #: Most runs a sweep may expand to unless the caller raises the cap (``dsgen sweep --max-runs``).
 MAX_RUNS = 10_000
@@ -63,6 +66,9 @@ class Outcome:
     rendered: Rendered | None
     reason: str | None
     files: tuple[tuple[str, str], ...] = ()  # the run's files (name, text) for its target and launcher
+    launcher: str | None = None  # the run's launcher (None: no feasible plan, nothing rendered)
+    launch_files: tuple[str, ...] = ()  # which of ``files`` start the run (launch.sh, manifests)
+    request: ResourceRequest | None = None  # what its launch files ask a scheduler for
 
 
 def load_sweep(path: str | Path, *, max_runs: int = MAX_RUNS) -> Sweep:
@@ -183,9 +189,13 @@ def run_one(sweep: Sweep, run: Run) -> Outcome:
     except InfeasibleError as exc:
         return Outcome(run, "infeasible", result.best or result.closest, None, exc.message)
     from dsgen.targets.bundle import render_bundle, resolve
+    from dsgen.targets.requests import resource_request
 
-    bundle = render_bundle(spec, best.plan, *resolve(spec, None, None))
-    return Outcome(run, "ok", best, bundle.rendered, None, tuple(bundle.files.items()))
+    target, launcher = resolve(spec, None, None)
+    request = resource_request(spec, target, best.memory.cpu.total, best.step.total_s)
+    bundle = render_bundle(spec, best.plan, target, launcher, request=request, job_name=run.name)
+    files = tuple(bundle.files.items())
+    return Outcome(run, "ok", best, bundle.rendered, None, files, launcher, bundle.launch_files, request)
 
 
 def _run_described(sweep: Sweep, run: Run) -> Outcome:
@@ -277,4 +287,7 @@ def manifest_row(sweep: Sweep, outcome: Outcome, written: list[str]) -> dict[str
         "verdict": e.fit.verdict if e else None,
         "fill": round(e.fit.fill, 4) if e else None,
         "files": written,
+        # after files, for the same reason: what starts the run, and which of its files those are
+        "launcher": outcome.launcher,
+        "launch_files": [p for p in (f"{outcome.run.name}/{name}" for name in outcome.launch_files) if p in written],
     }

@@ -97,14 +97,16 @@ def manifest_jsonl(rows: Iterable[dict[str, Any]]) -> str:
 
 def manifest_csv(rows: list[dict[str, Any]], varied_keys: tuple[str, ...]) -> str:
     """The manifest as CSV: name, one column per varied key, the fixed columns, then the files."""
-    fixed = [k for k in rows[0] if k not in ("name", "vars", "files")] if rows else []
+    last = ("files", "launcher", "launch_files")  # after every other column (positional readers)
+    fixed = [k for k in rows[0] if k not in ("name", "vars", *last)] if rows else []
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["name", *varied_keys, *fixed, "files"])
+    writer.writerow(["name", *varied_keys, *fixed, *last])
     for row in rows:
         varied = [v if isinstance(v, str) else json.dumps(v) for v in (row["vars"][k] for k in varied_keys)]
         rest = ["" if row[k] is None else row[k] for k in fixed]
-        writer.writerow([row["name"], *varied, *rest, ";".join(row["files"])])
+        tail = [";".join(row["files"]), row["launcher"] or "", ";".join(row["launch_files"])]
+        writer.writerow([row["name"], *varied, *rest, *tail])
     return buffer.getvalue()
 
 
@@ -125,10 +127,13 @@ def write_sweep(
     force: bool = False,
     progress: Progress | None = None,
     max_runs: int = MAX_RUNS,
+    max_parallel: int | None = None,
 ) -> SweepResult:
     """Load, solve and publish the sweep at ``sweep_file`` as the directory ``output``.
 
-    The destination is checked before anything is solved, so a refused one costs nothing.
+    The destination is checked before anything is solved, so a refused one costs nothing. Runs
+    with the slurm launcher also get ``submit.sh`` (job arrays of at most ``max_parallel`` tasks
+    at once), Kubernetes runs ``kustomization.yaml`` (:mod:`dsgen.sweep_submit`).
     """
     file, dest = Path(sweep_file), Path(output)
     check_sweep_destination(dest, file, force=force)
@@ -148,6 +153,11 @@ def write_sweep(
         rows.append(manifest_row(sweep, outcome, written))
     files[MANIFEST_JSONL] = manifest_jsonl(rows)
     files[MANIFEST_CSV] = manifest_csv(rows, sweep.varied_keys)
+    from dsgen.sweep_submit import submission_files
+
+    submission = submission_files(outcomes, max_parallel)
+    files.update(submission)
+    executable |= {name for name in submission if name.endswith(".sh")}
     publish_directory(dest, files, force=force, executable=frozenset(executable))
     return SweepResult(sweep, tuple(outcomes), tuple(rows), dest)
 

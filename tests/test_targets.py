@@ -353,6 +353,10 @@ def _shellcheck() -> str:
     return found
 
 
+# no launch.sh: no launcher, or Kubernetes manifests instead (tests/test_cluster_launchers.py)
+NO_LAUNCH_SCRIPT = frozenset({"none", "kubernetes", "pytorchjob"})
+
+
 @pytest.mark.parametrize("name", sorted(PLANS))
 def test_every_launch_script_passes_bash_and_shellcheck(
     name: str, plans: dict[str, tuple[Spec, Plan]], tmp_path: Path
@@ -363,7 +367,7 @@ def test_every_launch_script_passes_bash_and_shellcheck(
     scripts = []
     for target in TARGETS:
         for launcher in ALLOWED_LAUNCHERS[target]:
-            if launcher == "none":
+            if launcher in NO_LAUNCH_SCRIPT:
                 continue
             bundle = render_bundle(spec, plan, target, launcher)
             path = tmp_path / f"{target}-{launcher}.sh"
@@ -375,12 +379,14 @@ def test_every_launch_script_passes_bash_and_shellcheck(
                 header = dict(re.findall(r"^#SBATCH --([a-z-]+)=(\S+)$", text, re.M))
                 assert header["nodes"] == str(nodes) and header["gpus-per-node"] == str(gpus)
                 assert header["ntasks-per-node"] == str(gpus if target == "lightning" else 1)
-                assert header["time"] == header["partition"] == "CHANGE_ME"
+                assert header["partition"] == "CHANGE_ME"
+                # a placeholder unless the spec gives the run's length (tests/test_cluster_launchers.py)
+                assert (header["time"] == "CHANGE_ME") == (name != "mistral-v100-fp16")
                 assert 'srun --nodes="$NNODES"' in text
             if launcher == "deepspeed" and nodes > 1:
                 hosts = [line for line in bundle.files["hostfile"].splitlines() if not line.startswith("#")]
                 assert hosts == [f"node-{i} slots={gpus}" for i in range(nodes)]
-    assert len(scripts) == sum(len(v) - 1 for v in ALLOWED_LAUNCHERS.values())
+    assert len(scripts) == sum(len(set(v) - NO_LAUNCH_SCRIPT) for v in ALLOWED_LAUNCHERS.values())
     for path in scripts:
         syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, check=False)
         assert syntax.returncode == 0, (path.name, syntax.stderr)

@@ -75,7 +75,7 @@ def new(
         str | None,
         typer.Option(
             "--launcher",
-            help="torchrun, deepspeed, accelerate, slurm or none (default: per target).",
+            help="torchrun, deepspeed, accelerate, slurm, kubernetes, pytorchjob or none (default: per target).",
             metavar="LAUNCHER",
         ),
     ] = None,
@@ -121,6 +121,13 @@ def new(
         typer.echo(f"script must: {note}")
     for default in bundle.defaults:
         typer.echo(f"default applied: {default}")
+    if bundle.request is not None and bundle.launcher in ("slurm", "kubernetes", "pytorchjob"):
+        request = bundle.request
+        typer.echo(
+            f"requests per node: {request.gpus_per_node} GPU(s), {request.memory_text} host RAM "
+            f"(predicted {request.predicted_host_bytes / 2**30:.1f} GiB + margin)"
+            + (f", time {request.slurm_time}" if request.slurm_time and bundle.launcher == "slurm" else "")
+        )
     typer.echo(f"wrote {dest}" if bundle.single_file else f"wrote {dest}/: {', '.join(bundle.files)}")
 
 

@@ -40,6 +40,15 @@ def sweep(
             "--max-runs", min=1, help="Refuse sweeps that expand to more runs than this.", metavar="N"
         )
     ] = MAX_RUNS,
+    max_parallel: Annotated[
+        int | None,
+        typer.Option(
+            "--max-parallel",
+            min=1,
+            help="Slurm runs: at most N tasks of each job array in submit.sh at once (sbatch --array=...%N).",
+            metavar="N",
+        ),
+    ] = None,
 ) -> None:
     """Expand a sweep (grid x zip over a base spec) and solve, render and validate every run."""
     from dsgen.api import run_sweep_to
@@ -50,7 +59,12 @@ def sweep(
     progress = _Progress()
     try:
         result = run_sweep_to(
-            sweep_file, None if dry_run else output, force=force, progress=progress, max_runs=max_runs
+            sweep_file,
+            None if dry_run else output,
+            force=force,
+            progress=progress,
+            max_runs=max_runs,
+            max_parallel=max_parallel,
         )
     finally:
         progress.close()

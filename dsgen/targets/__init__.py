@@ -2,8 +2,9 @@
 
 A *target* is the program that reads the DeepSpeed JSON (DeepSpeed itself, the Hugging Face
 Trainer, Accelerate, Lightning); a *launcher* is what starts one process per GPU on every node
-(torchrun, the ``deepspeed`` launcher, ``accelerate launch``, an sbatch script, or none). The file
-names below are part of the output contract: pipelines rely on them.
+(torchrun, the ``deepspeed`` launcher, ``accelerate launch``, an sbatch script, a Kubeflow
+``TrainJob`` or ``PyTorchJob`` on Kubernetes, or none). The file names below are part of the output
+contract: pipelines rely on them.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ __all__ = [
 #: Programs that read the DeepSpeed JSON (dsgen.validate.targets knows which "auto" each fills).
 TARGETS: tuple[str, ...] = ("deepspeed", "hf-trainer", "accelerate", "lightning")
 
-LAUNCHERS: tuple[str, ...] = ("torchrun", "deepspeed", "accelerate", "slurm", "none")
+LAUNCHERS: tuple[str, ...] = ("torchrun", "deepspeed", "accelerate", "slurm", "kubernetes", "pytorchjob", "none")
 
 CONFIG_FILE = "ds_config.json"
 LAUNCH_FILE = "launch.sh"
@@ -46,9 +47,11 @@ DEFAULT_LAUNCHER: dict[str, str] = {
 #: Launchers that can start each target's processes. Accelerate's config is read only by
 #: ``accelerate launch``; Lightning starts under torchrun (TorchElastic environment) or srun
 #: (one task per GPU, its SLURM environment), not under Accelerate or the deepspeed launcher.
+#: The Kubernetes launchers (``kubernetes``: a Kubeflow Trainer TrainJob, ``pytorchjob``: a
+#: training-operator PyTorchJob) start torchrun on every node, so they take torchrun's targets.
 ALLOWED_LAUNCHERS: dict[str, tuple[str, ...]] = {
-    "deepspeed": ("torchrun", "deepspeed", "slurm", "none"),
-    "hf-trainer": ("torchrun", "deepspeed", "accelerate", "slurm", "none"),
+    "deepspeed": ("torchrun", "deepspeed", "slurm", "kubernetes", "pytorchjob", "none"),
+    "hf-trainer": ("torchrun", "deepspeed", "accelerate", "slurm", "kubernetes", "pytorchjob", "none"),
     "accelerate": ("accelerate", "slurm", "none"),
-    "lightning": ("torchrun", "slurm", "none"),
+    "lightning": ("torchrun", "slurm", "kubernetes", "pytorchjob", "none"),
 }

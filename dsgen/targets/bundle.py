@@ -28,6 +28,8 @@ from dsgen.targets import (
     TARGETS,
 )
 from dsgen.targets.context import target_context
+from dsgen.targets.kubernetes import KUBERNETES_LAUNCHERS, kubernetes_files
+from dsgen.targets.requests import ResourceRequest, resource_request
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,13 @@ class Bundle:
     config: dict[str, Any]
     notes: tuple[str, ...]
     defaults: tuple[str, ...]
+    request: ResourceRequest | None = None  # what the launch files ask a scheduler for
+
+    @property
+    def launch_files(self) -> tuple[str, ...]:
+        """The files that start the run (launch.sh, hostfile, the Kubernetes manifests)."""
+        own = {CONFIG_FILE, FRAMEWORK_FILE.get(self.target)}
+        return tuple(name for name in self.files if name not in own)
 
     @property
     def single_file(self) -> bool:
@@ -69,10 +78,25 @@ def resolve(spec: Spec, target: str | None, launcher: str | None) -> tuple[str, 
     return chosen, how
 
 
-def render_bundle(spec: Spec, plan: Plan, target: str, launcher: str, template_dir: Path | None = None) -> Bundle:
-    """Render and check every file of ``target`` + ``launcher`` for ``plan``."""
+def render_bundle(
+    spec: Spec,
+    plan: Plan,
+    target: str,
+    launcher: str,
+    template_dir: Path | None = None,
+    *,
+    request: ResourceRequest | None = None,
+    job_name: str | None = None,
+) -> Bundle:
+    """Render and check every file of ``target`` + ``launcher`` for ``plan``.
+
+    ``request`` is what the launch files ask a scheduler for (:func:`plan_request`; priced from the
+    plan when not given); ``job_name`` names the Kubernetes objects (default: the model's name).
+    """
+    if request is None:
+        request = plan_request(spec, plan, target)
     ctx = target_context(spec, plan, target, launcher)
-    context = template_context(spec, plan, ctx)
+    context = template_context(spec, plan, ctx, resources=request)
     files: dict[str, str] = {}
     raw = render_template(f"{target}/ds_config.json.j2", context, template_dir)
     config = _parse_json(raw, f"{target}/ds_config.json.j2")
@@ -87,11 +111,23 @@ def render_bundle(spec: Spec, plan: Plan, target: str, launcher: str, template_d
         else:
             _parse_yaml(text, name)
             files[framework] = text
-    if launcher != "none":
+    if launcher != "none" and launcher not in KUBERNETES_LAUNCHERS:
         files[LAUNCH_FILE] = render_template(f"launch/{launcher}.sh.j2", context, template_dir)
     if context["files"]["hostfile"]:
         files[HOSTFILE] = render_template("launch/hostfile.j2", context, template_dir)
-    return Bundle(target, launcher, files, config, ctx.notes, ctx.defaults)
+    if launcher in KUBERNETES_LAUNCHERS:
+        offloads_to_nvme = "nvme" in (plan.offload_optimizer, plan.offload_param)
+        nvme = spec.hardware.nvme.path if offloads_to_nvme and spec.hardware.nvme is not None else None
+        files.update(kubernetes_files(launcher, job_name or spec.model.name or "dsgen", files, request, nvme))
+    return Bundle(target, launcher, files, config, ctx.notes, ctx.defaults, request)
+
+
+def plan_request(spec: Spec, plan: Plan, target: str) -> ResourceRequest:
+    """The scheduler request for ``plan``, from its own predictions (dsgen's accounting)."""
+    from dsgen.solver import evaluate
+
+    evaluation = evaluate(spec, plan)
+    return resource_request(spec, target, evaluation.memory.cpu.total, evaluation.step.total_s)
 
 
 def write_bundle(bundle: Bundle, dest: Path, *, force: bool) -> list[Path]:
