@@ -201,7 +201,15 @@ def test_zeropp_settings_are_in_the_plan_and_the_manifest(tmp_path: Path, capsys
     for row in rows:
         assert isinstance(row["offload_optimizer_ratio"], float)
         assert row["zeropp"] in {"none", "hpz", "hpz+qwz+qgz"}
-        assert list(row)[-5:] == ["offload_optimizer_ratio", "zeropp", "verdict", "fill", "files"]
+        assert list(row)[-7:] == [
+            "offload_optimizer_ratio",
+            "zeropp",
+            "verdict",
+            "fill",
+            "files",
+            "launcher",
+            "launch_files",
+        ]
 
 
 # --- 4. presets --------------------------------------------------------------------------------
