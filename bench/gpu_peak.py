@@ -160,13 +160,18 @@ def main(argv: list[str] | None = None) -> int:
     deepspeed.init_distributed(dist_backend="gloo" if args.cpu_smoke else "nccl")
     started = time.monotonic()
     rows = []
-    for case in CPU_CASES if args.cpu_smoke else GPU_CASES:
-        if time.monotonic() - started > args.max_seconds:
-            print(f"skipped {case.name}: past --max-seconds")
-            continue
-        row = measure(case, args.gpu, args.steps)
-        rows.append(row)
-        print(json.dumps(row))
+    try:
+        for case in CPU_CASES if args.cpu_smoke else GPU_CASES:
+            if time.monotonic() - started > args.max_seconds:
+                print(f"skipped {case.name}: past --max-seconds")
+                continue
+            row = measure(case, args.gpu, args.steps)
+            rows.append(row)
+            print(json.dumps(row))
+    finally:
+        # an alive process group can abort the process in interpreter shutdown (README, "How your
+        # script ends"); tear it down while Python is whole
+        deepspeed.comm.destroy_process_group()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=args.out.parent, delete=False, suffix=".tmp") as handle:
         json.dump(rows, handle, indent=1)

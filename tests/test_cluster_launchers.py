@@ -336,6 +336,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@pytest.mark.slow
 def test_container_command_runs_torchrun_in_the_copied_bundle(
     bundles: dict[tuple[str, str], tuple[Any, Any]], tmp_path: Path
 ) -> None:

@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO_ROOT, require_module
 
 
+@pytest.mark.slow
 def test_cpu_smoke_writes_measured_beside_predicted(tmp_path: Path) -> None:
     require_module("deepspeed")
     require_module("transformers")

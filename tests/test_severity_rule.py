@@ -36,6 +36,7 @@ FAILS_AT_INITIALIZE: dict[str, tuple[dict[str, Any], str]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule_id", sorted(FAILS_AT_INITIALIZE))
 def test_engine_phase_errors_fail_in_a_real_deepspeed_initialize(rule_id: str, tmp_path: Path) -> None:
     require_module("deepspeed")
