@@ -361,6 +361,18 @@ def _gradients_by_phase(shape: ModelShape, plan: Plan, parts: Partitioning) -> t
     return w * layout.partition, w * layout.partition + FP32 * layout.largest_sub_group
 
 
+@lru_cache(maxsize=1024)
+def _sub_group_state_bytes(layout: Zero3Layout, optimizer: str) -> int:
+    """Optimizer state of ZeRO-3's flat sub-groups (the GPU's states and CPU offload's alike)."""
+    return flat_state_bytes(optimizer, layout.sub_groups)
+
+
+@lru_cache(maxsize=1024)
+def _pinned_sub_group_gradients(layout: Zero3Layout) -> int:
+    """Pinned rounding of each sub-group's fp32 gradient buffer under CPU optimizer offload."""
+    return sum(pinned(FP32 * g) - FP32 * g for g in layout.sub_groups)
+
+
 def _zero3(parts: Partitioning) -> Zero3Layout:
     assert parts.zero3 is not None, "a ZeRO-3 term asked of a plan without ZeRO-3's layout"
     return parts.zero3
@@ -394,7 +406,7 @@ def _parameters_and_states(shape: ModelShape, plan: Plan, parts: Partitioning, o
     # Persistent tensors keep their whole data and their partition on the GPU even with offload_param.
     partitions = layout.persistent_partition if plan.offload_param != "none" else layout.partition
     params = w * (layout.persistent + partitions)
-    states = FP32 * layout.partition + flat_state_bytes(optimizer, layout.sub_groups)
+    states = FP32 * layout.partition + _sub_group_state_bytes(layout, optimizer)
     return params, 0 if offloaded else states
 
 
@@ -435,7 +447,7 @@ def _offloaded_optimizer(plan: Plan, parts: Partitioning, optimizer: str) -> int
             host += w * parts.zero12_gradient_buffer
         return host
     layout = _zero3(parts)
-    return per_element * layout.partition + flat_state_bytes(optimizer, layout.sub_groups)
+    return per_element * layout.partition + _sub_group_state_bytes(layout, optimizer)
 
 
 def _nvme_optimizer_host(plan: Plan, parts: Partitioning, optimizer: str) -> int:
@@ -509,7 +521,7 @@ def _pinned_rounding(shape: ModelShape, plan: Plan, parts: Partitioning) -> int:
     if plan.offload_optimizer == "cpu":
         flat = w * layout.partition
         extra += pinned(flat) - flat
-        extra += sum(pinned(FP32 * g) - FP32 * g for g in layout.sub_groups)
+        extra += _pinned_sub_group_gradients(layout)
     if plan.offload_param == "cpu":
         flat = w * layout.partition
         extra += pinned(flat) - flat
