@@ -111,7 +111,9 @@ def doctor(
 
     data = config if isinstance(config, dict) else loader.load(config).data
     loaded_spec = spec if isinstance(spec, Spec) else load_spec(spec)
-    args = training_args if isinstance(training_args, dict) or training_args is None else load_training_args(training_args)
+    args = (
+        training_args if isinstance(training_args, dict) or training_args is None else load_training_args(training_args)
+    )
     return diagnose(data, loaded_spec, world_size=world_size, trainer_args=args, error_text=error)
 
 

@@ -68,10 +68,25 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
         **checkpointing_flags(plan),
         "micro_batch_size": plan.micro_batch_size,
         "gradient_accumulation_steps": plan.gradient_accumulation_steps,
-        "data_parallel_size": plan.data_parallel_size,
+        "data_parallel_size": plan.batch_parallel_size,
         "global_batch_size": plan.global_batch_size,
         "offload_optimizer_ratio": offload_optimizer_ratio(plan),
         "zeropp": zeropp_dict(plan),
+        **long_context_dict(plan),
+    }
+
+
+LONG_CONTEXT_KEYS = ("sequence_parallel_size", "tiled_mlp", "tiled_loss", "checkpoint_offload")
+
+
+def long_context_dict(plan: Plan) -> dict[str, Any]:
+    """The ALST choices of ``plan`` (Ulysses degree and the three memory tricks)."""
+    lc = plan.long_context
+    return {
+        "sequence_parallel_size": lc.sequence_parallel_size,
+        "tiled_mlp": lc.tiled_mlp,
+        "tiled_loss": lc.tiled_loss,
+        "checkpoint_offload": lc.checkpoint_offload,
     }
 
 
@@ -313,7 +328,7 @@ def human_summary(result: SolveResult) -> str:
         f"hardware  {spec.hardware.nodes} x {spec.hardware.gpus_per_node} x {spec.hardware.gpu.name}",
         f"plan      {p.describe()}",
         f"batch     {p.global_batch_size} = micro {p.micro_batch_size} x accumulation "
-        f"{p.gradient_accumulation_steps} x data-parallel {p.data_parallel_size}",
+        f"{p.gradient_accumulation_steps} x data-parallel {p.batch_parallel_size}",
         "",
         f"GPU memory per rank (capacity {gib(e.memory.gpu.capacity)}, usable {gib(e.usable_gpu_bytes)}; "
         f"{ACCOUNTING_LABELS[result.accounting]}):",

@@ -17,7 +17,8 @@ from dsgen.errors import DsgenError, InfeasibleError
 from dsgen.estimate.memory import HOST_RESERVE, MemoryEstimate, estimate_memory
 from dsgen.estimate.optimizers import is_client_optimizer
 from dsgen.estimate.throughput import StepTime, estimate_step_time
-from dsgen.plan import Plan, ZeroKnobs
+from dsgen.long_context import long_context_choices, sequence_parallel_degrees, tricks_within
+from dsgen.plan import LongContext, Plan, ZeroKnobs
 from dsgen.spec.types import Spec
 from dsgen.units import GIB
 from dsgen.vocabulary import CHECKPOINTING_MODES, OFFLOAD_DEVICES, Accounting, Checkpointing, OffloadDevice, Precision
@@ -333,9 +334,21 @@ class _Structure:
     offload_ratio: float
     zeropp: str
     checkpointing: Checkpointing
+    long_context: LongContext = LongContext()
 
 
-def _structures(spec: Spec) -> Iterator[_Structure]:
+def _structures(spec: Spec, search: bool = False) -> Iterator[_Structure]:
+    """:func:`_base_structures` times the long-context choices each allows (Ulysses degree
+    ascending, then tiling and checkpoint offload, fewest tricks first); without ``search``
+    the unpinned long-context dimensions stay off (see :func:`solve`)."""
+    degrees = sequence_parallel_degrees(spec, search)
+    for base in _base_structures(spec):
+        for sp in degrees:
+            for long_context in long_context_choices(spec, sp, base.checkpointing, search):
+                yield replace(base, long_context=long_context)
+
+
+def _base_structures(spec: Spec) -> Iterator[_Structure]:
     """Every allowed combination of stage, offload (with partial-offload share), ZeRO++ and
     checkpointing, in a fixed order (simplest first)."""
     c = spec.constraints
@@ -429,6 +442,14 @@ def _rank_key(e: Evaluation) -> tuple[float, int, int, int, int, int]:
     )
 
 
+def _long_context_searchable(spec: Spec) -> bool:
+    """Whether a long-context search could add plans: something is unpinned, and not every
+    classic dimension is pinned (a fully pinned spec reports exactly its plan)."""
+    c = spec.constraints
+    unpinned = None in (c.sequence_parallel_size, c.tiled_mlp, c.tiled_loss, c.checkpoint_offload)
+    return unpinned and not _is_fully_pinned(spec)
+
+
 def _is_fully_pinned(spec: Spec) -> bool:
     c = spec.constraints
     stage_pins = c.zero_stage is not None
@@ -473,7 +494,9 @@ def _no_plan_for_pins(spec: Spec) -> DsgenError:
     )
 
 
-def _search(spec: Spec, global_batch: int, accounting: Accounting) -> tuple[list[Evaluation], int]:
+def _search(
+    spec: Spec, global_batch: int, accounting: Accounting, long_search: bool = False
+) -> tuple[list[Evaluation], int]:
     """Evaluate the search space with two safe prunings; return the evaluations kept and the count.
 
     1. Knob variants are ordered fastest-first and never larger in GPU memory than the previous
@@ -485,9 +508,12 @@ def _search(spec: Spec, global_batch: int, accounting: Accounting) -> tuple[list
     """
     dp = spec.hardware.world_size
     precision = resolve_precision(spec)
-    splits = _batch_splits(spec, dp, global_batch)
+    splits_by_sp = _splits_by_degree(spec, global_batch, long_search)
+    # (structure without its tricks, micro, accum) -> the trick sets that fit there: a plan with
+    # more tricks than one that fits uses less GPU memory but never less time, so it is skipped
+    fitted: dict[tuple[_Structure, int, int], list[LongContext]] = {}
     variants_by_stage = {stage: knob_variants(spec.model, stage) for stage in range(4)}
-    if next(_structures(spec), None) is None:
+    if next(_structures(spec, long_search), None) is None:
         raise _no_plan_for_pins(spec)
     kept: list[Evaluation] = []
     evaluated = 0
@@ -506,10 +532,15 @@ def _search(spec: Spec, global_batch: int, accounting: Accounting) -> tuple[list
             data_parallel_size=dp,
             knobs=knobs,
             offload_ratio=st.offload_ratio,
+            long_context=st.long_context,
         )
         return evaluate(spec, plan, accounting)
 
-    for st in _structures(spec):
+    for st in _structures(spec, long_search):
+        splits = splits_by_sp[st.long_context.sequence_parallel_size]
+        plain = replace(
+            st, long_context=replace(LongContext(), sequence_parallel_size=st.long_context.sequence_parallel_size)
+        )
         variants = [_with_zeropp(k, st.zeropp, spec.hardware.gpus_per_node) for k in variants_by_stage[st.stage]]
         if st.offload_ratio < 1:
             # DeepSpeed applies offload_optimizer.ratio per optimizer sub-group: with one sub-group
@@ -519,6 +550,8 @@ def _search(spec: Spec, global_batch: int, accounting: Accounting) -> tuple[list
         overflowed = False
         for micro, accum in splits:
             if overflowed and accum > 1:
+                continue
+            if any(tricks_within(done, st.long_context) for done in fitted.get((plain, micro, accum), ())):
                 continue
             if overflowed:
                 # the single-step split after an overflow (see 2.) seldom fits: try the leanest
@@ -534,8 +567,27 @@ def _search(spec: Spec, global_batch: int, accounting: Accounting) -> tuple[list
             if chosen.fits_gpu and not chosen.fits_cpu and st.offload_optimizer == "nvme":
                 chosen = _shrink_sub_groups(chosen, partial(price, st, micro=micro, accum=accum))
             kept.append(chosen)
+            if chosen.feasible:
+                fitted.setdefault((plain, micro, accum), []).append(st.long_context)
             overflowed = overflowed or not chosen.fits_gpu
     return kept, evaluated
+
+
+def _splits_by_degree(spec: Spec, global_batch: int, long_search: bool) -> dict[int, list[tuple[int, int]]]:
+    """(micro-batch, accumulation) splits for each Ulysses degree: the batch is met over the
+    world / SP data-parallel ranks. A pin that fits no split is an error for the smallest degree
+    (as without SP) and simply leaves the larger degrees without plans."""
+    world = spec.hardware.world_size
+    degrees = sequence_parallel_degrees(spec, long_search)
+    splits: dict[int, list[tuple[int, int]]] = {}
+    for sp in degrees:
+        try:
+            splits[sp] = _batch_splits(spec, world // sp, global_batch)
+        except DsgenError:
+            if sp == degrees[0]:
+                raise
+            splits[sp] = []
+    return splits
 
 
 #: sub_group_size values tried, largest first, when host RAM is what an NVMe-offload plan lacks.
@@ -577,9 +629,15 @@ def solve(spec: Spec, accounting: Accounting = "dsgen") -> SolveResult:
 
     ``accounting="deepspeed-estimator"`` prices model states with DeepSpeed's own estimator
     instead of dsgen's (see :func:`dsgen.estimate.memory.estimate_memory`)."""
-    dp = spec.hardware.world_size
+    dp = spec.hardware.world_size // sequence_parallel_degrees(spec)[0]
     target = resolve_global_batch(spec, dp)
     evaluations, evaluated = _search(spec, target.sequences, accounting)
+    if not any(e.feasible for e in evaluations) and _long_context_searchable(spec):
+        # ALST needs training-script changes no config carries (launch.sh lists them), so its
+        # unpinned dimensions join the search only when no plan fits without them; then all
+        # four are searched jointly with the others.
+        more, counted = _search(spec, target.sequences, accounting, long_search=True)
+        evaluations, evaluated = evaluations + more, evaluated + counted
     feasible = sorted((e for e in evaluations if e.feasible), key=_rank_key)
     closest = None if feasible else min(evaluations, key=lambda e: (e.shortfall(), _rank_key(e)))
     pinned = _is_fully_pinned(spec)

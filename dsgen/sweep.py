@@ -20,7 +20,7 @@ from dsgen.errors import DsgenError, ExitCode, InfeasibleError
 from dsgen.inputs import read_text
 from dsgen.name_template import compile_name_template, render_name
 from dsgen.render import Rendered
-from dsgen.report import checkpointing_flags, offload_optimizer_ratio
+from dsgen.report import LONG_CONTEXT_KEYS, checkpointing_flags, long_context_dict, offload_optimizer_ratio
 from dsgen.resources import schema_path
 from dsgen.solver import Evaluation, require_feasible, solve
 from dsgen.spec.loader import spec_from_data
@@ -263,7 +263,7 @@ def manifest_row(sweep: Sweep, outcome: Outcome, written: list[str]) -> dict[str
         **checkpointing_flags(plan),
         "micro_batch_size": plan.micro_batch_size if plan else None,
         "gradient_accumulation_steps": plan.gradient_accumulation_steps if plan else None,
-        "data_parallel_size": plan.data_parallel_size if plan else None,
+        "data_parallel_size": plan.batch_parallel_size if plan else None,
         "global_batch_size": plan.global_batch_size if plan else None,
         "gpu_memory_bytes": e.memory.gpu.total if e else None,
         "host_memory_bytes": e.memory.cpu.total if e else None,
@@ -273,5 +273,6 @@ def manifest_row(sweep: Sweep, outcome: Outcome, written: list[str]) -> dict[str
         # flat values, so the CSV stays one value per cell
         "offload_optimizer_ratio": offload_optimizer_ratio(plan) if plan else None,
         "zeropp": plan.knobs.zeropp if plan else None,
+        **(long_context_dict(plan) if plan else dict.fromkeys(LONG_CONTEXT_KEYS)),
         "files": written,
     }

@@ -22,6 +22,7 @@ from dsgen.estimate.model_states import (
     zero12_partition,
 )
 from dsgen.estimate.optimizers import flat_state_bytes, step_temporary_bytes
+from dsgen.estimate.sequence_parallel import long_context_memory
 from dsgen.plan import Plan
 from dsgen.spec.types import Hardware, Optimizer, Training
 from dsgen.units import FP32, GIB
@@ -410,6 +411,11 @@ def estimate_memory(
     )
     buffers = buffer_bytes(shape, plan)
     transient = transient_bytes(shape, plan, training, acts.recompute_working_set)
+    if plan.long_context.active:  # Ulysses SP, tiling, checkpoint offload: dsgen.estimate.sequence_parallel
+        long = long_context_memory(shape, plan, training)
+        acts, transient = long.activations, long.transient
+        buffers += long.buffers
+        host_total += hardware.gpus_per_node * long.host_per_rank
     dynamic = acts.total + buffers + transient
     fixed = CUDA_CONTEXT_BYTES + COMM_LIBRARY_BYTES
     gpu = GpuMemory(
