@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dsgen.errors import DsgenError
 from dsgen.plan import Plan
 from dsgen.render import Rendered, render
 from dsgen.solver import SolveResult, require_feasible, solve
@@ -33,6 +34,7 @@ __all__ = [
     "build_bundle",
     "build_config",
     "doctor",
+    "frontier_of",
     "load_spec",
     "render_bundle",
     "render_plan",
@@ -43,6 +45,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from dsgen.doctor.diagnose import Diagnosis
+    from dsgen.frontier import FrontierPoint
     from dsgen.sweep_output import Progress, SweepResult
 
 
@@ -166,3 +169,13 @@ def build_bundle(
     result = solve_spec(spec, accounting)
     best = require_feasible(result)
     return result, render_bundle(spec, best.plan, chosen, how, template_dir)
+
+
+def frontier_of(spec: Spec, over: str = "sequence_length", gpus: list[int] | None = None) -> list[FrontierPoint]:
+    """The largest ``over`` (sequence_length or micro_batch_size) that fits, one point per GPU
+    count (``dsgen frontier``): bisection over the solver, each point solved in full."""
+    from dsgen.frontier import OVER_CHOICES, frontier
+
+    if over not in OVER_CHOICES:
+        raise DsgenError(f"must be one of {', '.join(OVER_CHOICES)}, got {over!r}", path="--over")
+    return frontier(spec, over, gpus)

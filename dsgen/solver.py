@@ -521,32 +521,27 @@ def _search(
     def price(st: _Structure, knobs: ZeroKnobs, micro: int, accum: int) -> Evaluation:
         nonlocal evaluated
         evaluated += 1
-        plan = Plan(
-            precision=precision,
-            zero_stage=st.stage,
-            offload_optimizer=st.offload_optimizer,
-            offload_param=st.offload_param,
-            checkpointing=st.checkpointing,
-            micro_batch_size=micro,
-            gradient_accumulation_steps=accum,
-            data_parallel_size=dp,
-            knobs=knobs,
-            offload_ratio=st.offload_ratio,
-            long_context=st.long_context,
-        )
-        return evaluate(spec, plan, accounting)
+        return evaluate(spec, _plan(st, precision, knobs, micro, accum, dp), accounting)
 
+    # 3. (long-context search only) Tricks only lower GPU memory, so when a structure's leanest
+    #    trick set does not fit the GPU at its leanest split and knobs, no other set of that
+    #    structure and Ulysses degree can: one probe per (structure, degree) decides.
+    probes: dict[_Structure, bool] = {}
     for st in _structures(spec, long_search):
         splits = splits_by_sp[st.long_context.sequence_parallel_size]
+        if not splits:
+            continue
         plain = replace(
             st, long_context=replace(LongContext(), sequence_parallel_size=st.long_context.sequence_parallel_size)
         )
-        variants = [_with_zeropp(k, st.zeropp, spec.hardware.gpus_per_node) for k in variants_by_stage[st.stage]]
-        if st.offload_ratio < 1:
-            # DeepSpeed applies offload_optimizer.ratio per optimizer sub-group: with one sub-group
-            # everything is offloaded, so split the rank's partition into at least eight.
-            groups = max(1_000_000, -(-spec.model.parameter_count() // dp // 8))
-            variants = [replace(k, sub_group_size=min(k.sub_group_size, groups)) for k in variants]
+        variants = _knob_variants_for(spec, st, variants_by_stage[st.stage])
+        if long_search:
+            if plain not in probes:
+                tried = _probe(spec, st, splits, partial(price, _leanest(spec, st)))
+                kept.extend(tried)  # candidates for the closest miss
+                probes[plain] = any(e.fits_gpu for e in tried)
+            if not probes[plain]:
+                continue
         overflowed = False
         for micro, accum in splits:
             if overflowed and accum > 1:
@@ -571,6 +566,77 @@ def _search(
                 fitted.setdefault((plain, micro, accum), []).append(st.long_context)
             overflowed = overflowed or not chosen.fits_gpu
     return kept, evaluated
+
+
+def _plan(st: _Structure, precision: Precision, knobs: ZeroKnobs, micro: int, accum: int, dp: int) -> Plan:
+    return Plan(
+        precision=precision,
+        zero_stage=st.stage,
+        offload_optimizer=st.offload_optimizer,
+        offload_param=st.offload_param,
+        checkpointing=st.checkpointing,
+        micro_batch_size=micro,
+        gradient_accumulation_steps=accum,
+        data_parallel_size=dp,
+        knobs=knobs,
+        offload_ratio=st.offload_ratio,
+        long_context=st.long_context,
+    )
+
+
+def _knob_variants_for(spec: Spec, st: _Structure, stage_variants: list[ZeroKnobs]) -> list[ZeroKnobs]:
+    """The knob variants of one structure: its stage's, with ZeRO++ and partial-offload sub-groups."""
+    variants = [_with_zeropp(k, st.zeropp, spec.hardware.gpus_per_node) for k in stage_variants]
+    if st.offload_ratio < 1:
+        # DeepSpeed applies offload_optimizer.ratio per optimizer sub-group: with one sub-group
+        # everything is offloaded, so split the rank's partition into at least eight.
+        groups = max(1_000_000, -(-spec.model.parameter_count() // spec.hardware.world_size // 8))
+        variants = [replace(k, sub_group_size=min(k.sub_group_size, groups)) for k in variants]
+    return variants
+
+
+def _leanest(spec: Spec, st: _Structure) -> _Structure:
+    """``st`` with the trick set that needs the least GPU memory (the last: most tricks)."""
+    choices = long_context_choices(spec, st.long_context.sequence_parallel_size, st.checkpointing, search=True)
+    return replace(st, long_context=choices[-1])
+
+
+def _probe(
+    spec: Spec, st: _Structure, splits: list[tuple[int, int]], price: Callable[[ZeroKnobs, int, int], Evaluation]
+) -> list[Evaluation]:
+    """``st`` priced with its leanest knobs at the smallest micro-batch and at the single-step
+    split (its two leanest splits; see :func:`_search`)."""
+    leanest = _knob_variants_for(spec, st, knob_variants(spec.model, st.stage))[-1]
+    return [price(leanest, micro, accum) for micro, accum in dict.fromkeys((splits[0], max(splits)))]
+
+
+def fits_any(spec: Spec) -> bool:
+    """Whether some plan fits the spec: :func:`solve`'s feasibility alone, fast enough to bisect on.
+
+    Every structure the search would price is tried once at its leanest: the smallest Ulysses
+    degree and the largest one (larger degrees hold fewer tokens per GPU; only the fp32
+    gradient-reduction copy appears with SP, so 1 is tried too), every trick it allows (with and
+    without checkpoint offload, which trades GPU memory for host RAM), the smallest micro-batch
+    and the leanest knobs.
+    """
+    dp = spec.hardware.world_size // sequence_parallel_degrees(spec)[0]
+    global_batch = resolve_global_batch(spec, dp).sequences
+    search = _long_context_searchable(spec)
+    splits_by_sp = _splits_by_degree(spec, global_batch, search)
+    degrees = [d for d in sequence_parallel_degrees(spec, search) if splits_by_sp[d]]
+    precision = resolve_precision(spec)
+    for base in _base_structures(spec):
+        for sp in dict.fromkeys((degrees[0], degrees[-1])) if degrees else ():
+            choices = long_context_choices(spec, sp, base.checkpointing, search)
+            lean = [c for c in choices if c == choices[-1] or c == replace(choices[-1], checkpoint_offload=False)]
+            micro, accum = splits_by_sp[sp][0]
+            for long_context in lean:
+                st = replace(base, long_context=long_context)
+                knobs = _knob_variants_for(spec, st, knob_variants(spec.model, st.stage))[-1]
+                plan = _plan(st, precision, knobs, micro, accum, spec.hardware.world_size)
+                if evaluate(spec, plan).feasible:
+                    return True
+    return False
 
 
 def _splits_by_degree(spec: Spec, global_batch: int, long_search: bool) -> dict[int, list[tuple[int, int]]]:
