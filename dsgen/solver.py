@@ -420,12 +420,13 @@ def evaluate(spec: Spec, plan: Plan, accounting: Accounting = "dsgen") -> Evalua
     hardware = spec.hardware
     memory = estimate_memory(spec.model, plan, hardware, spec.training, accounting)
     step = estimate_step_time(spec.model, plan, hardware, spec.training)
+    usable_gpu, usable_cpu = _usable_bytes(spec)
     return Evaluation(
         plan=plan,
         memory=memory,
         step=step,
-        usable_gpu_bytes=int(hardware.gpu.memory_bytes * (1 - spec.constraints.memory_headroom)),
-        usable_cpu_bytes=int(hardware.cpu_memory_bytes * (1 - HOST_RESERVE)),
+        usable_gpu_bytes=usable_gpu,
+        usable_cpu_bytes=usable_cpu,
         sequence_length=spec.training.sequence_length,
     )
 
@@ -617,7 +618,7 @@ def fits_any(spec: Spec) -> bool:
     degree and the largest one (larger degrees hold fewer tokens per GPU; only the fp32
     gradient-reduction copy appears with SP, so 1 is tried too), every trick it allows (with and
     without checkpoint offload, which trades GPU memory for host RAM), the smallest micro-batch
-    and the leanest knobs.
+    and the leanest knobs. Only memory is priced, leanest structures (ZeRO-3, offload) first.
     """
     dp = spec.hardware.world_size // sequence_parallel_degrees(spec)[0]
     global_batch = resolve_global_batch(spec, dp).sequences
@@ -625,18 +626,34 @@ def fits_any(spec: Spec) -> bool:
     splits_by_sp = _splits_by_degree(spec, global_batch, search)
     degrees = [d for d in sequence_parallel_degrees(spec, search) if splits_by_sp[d]]
     precision = resolve_precision(spec)
-    for base in _base_structures(spec):
-        for sp in dict.fromkeys((degrees[0], degrees[-1])) if degrees else ():
+    usable_gpu, usable_cpu = _usable_bytes(spec)
+    leanest_knobs = {stage: knob_variants(spec.model, stage)[-1] for stage in range(4)}
+    for base in reversed(list(_base_structures(spec))):
+        knobs = _knob_variants_for(spec, base, [leanest_knobs[base.stage]])[0]
+        for sp in dict.fromkeys((degrees[-1], degrees[0])) if degrees else ():
             choices = long_context_choices(spec, sp, base.checkpointing, search)
-            lean = [c for c in choices if c == choices[-1] or c == replace(choices[-1], checkpoint_offload=False)]
+            lean = {choices[-1], replace(choices[-1], checkpoint_offload=False)} & set(choices)
             micro, accum = splits_by_sp[sp][0]
             for long_context in lean:
                 st = replace(base, long_context=long_context)
-                knobs = _knob_variants_for(spec, st, knob_variants(spec.model, st.stage))[-1]
                 plan = _plan(st, precision, knobs, micro, accum, spec.hardware.world_size)
-                if evaluate(spec, plan).feasible:
+                memory = estimate_memory(spec.model, plan, spec.hardware, spec.training)
+                if (
+                    memory.gpu.total <= usable_gpu
+                    and memory.cpu.total <= usable_cpu
+                    and memory.nvme.total <= memory.nvme.capacity
+                ):
                     return True
     return False
+
+
+def _usable_bytes(spec: Spec) -> tuple[int, int]:
+    """(GPU, host per node) bytes a plan may use: capacity less the headroom and the host reserve."""
+    hardware = spec.hardware
+    return (
+        int(hardware.gpu.memory_bytes * (1 - spec.constraints.memory_headroom)),
+        int(hardware.cpu_memory_bytes * (1 - HOST_RESERVE)),
+    )
 
 
 def _splits_by_degree(spec: Spec, global_batch: int, long_search: bool) -> dict[int, list[tuple[int, int]]]:
