@@ -224,6 +224,7 @@ def template_context(spec: Spec, plan: Plan, ctx: Any) -> dict[str, Any]:
     """The variables every template sees (documented in docs/templates.md)."""
     from dsgen.targets import CONFIG_FILE, FRAMEWORK_FILE, HOSTFILE, LAUNCH_FILE
     from dsgen.targets.context import ACCELERATE_PRECISION, LIGHTNING_PRECISION, named
+    from dsgen.targets.long_context import long_context_templates
 
     needs_hostfile = ctx.launcher == "deepspeed" and spec.hardware.nodes > 1
     return {
@@ -246,6 +247,7 @@ def template_context(spec: Spec, plan: Plan, ctx: Any) -> dict[str, Any]:
         "accelerate_precision": ACCELERATE_PRECISION[plan.precision],
         "lightning_precision": LIGHTNING_PRECISION[plan.precision],
         "notes": list(ctx.notes),
+        "long_context": long_context_templates(spec, plan),  # Ulysses SP keys (dsgen.targets.long_context)
         "files": {
             "ds_config": CONFIG_FILE,
             "framework": FRAMEWORK_FILE.get(ctx.target),
@@ -276,7 +278,7 @@ def check_rendered(config: dict[str, Any], plan: Plan, target: str) -> None:
         )
     from dsgen.validate import validate_config
 
-    report = validate_config(config, world_size=plan.data_parallel_size, target=target)
+    report = validate_config(config, world_size=plan.batch_parallel_size, target=target)  # W = world / SP
     if not report.ok:
         details = "; ".join(f"{f.rule_id} at {f.pointer or '/'}: {f.message}" for f in report.errors)
         raise DsgenError(f"the rendered config failed validation: {details}", exit_code=ExitCode.FINDINGS, hint=hint)

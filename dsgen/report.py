@@ -9,6 +9,7 @@ from dsgen.estimate.optimizers import client_optimizer_class, is_client_optimize
 from dsgen.plan import Plan
 from dsgen.solver import Evaluation, SolveResult, gib
 from dsgen.spec.types import Spec
+from dsgen.targets.long_context import long_context_notes
 from dsgen.units import GIB
 from dsgen.vocabulary import StepPhase
 
@@ -296,6 +297,7 @@ def script_requirements(spec: Spec, plan: Plan) -> str:
             f"make each MoE block a ZeRO-3 leaf module before deepspeed.initialize: "
             f"deepspeed.utils.set_z3_leaf_modules(model, [{block}])"
         )
+    needs.extend(long_context_notes(spec, plan, "deepspeed"))  # Ulysses SP and the ALST tricks
     if not needs:
         return "Your training script needs nothing beyond passing this config to deepspeed.initialize."
     return "Your training script must: " + "; ".join(needs) + "."

@@ -29,6 +29,7 @@ from dsgen.estimate.optimizers import client_optimizer_class, is_client_optimize
 from dsgen.plan import Plan
 from dsgen.render import optimizer_block, scheduler_block
 from dsgen.spec.types import Spec
+from dsgen.targets.long_context import long_context_notes
 
 #: TrainingArguments ``optim`` for the optimizers the training script builds itself.
 HF_CLIENT_OPTIM = {"adafactor": "adafactor", "adamw-8bit": "adamw_bnb_8bit"}
@@ -212,6 +213,7 @@ def script_notes(spec: Spec, plan: Plan, target: str, optimizer: dict[str, Any])
     if target in ("accelerate", "lightning") and optimizer["type"] is None and named(spec, "training.scheduler"):
         s = spec.training.scheduler
         notes.append(f"build the {s.type} schedule (warmup {s.warmup_steps} of {s.total_steps} steps) in the script")
+    notes.extend(long_context_notes(spec, plan, target))  # Ulysses SP, TiledMLP, tiled loss, checkpoint offload
     if target == "accelerate" and optimizer["type"] is not None:
         # the config has DeepSpeed's scheduler exactly when the spec named one (scheduler_for)
         dummies = "DummyOptim and DummyScheduler" if named(spec, "training.scheduler") else "DummyOptim"
