@@ -21,8 +21,9 @@ tokens one rank holds:
   ALST tutorial compute them.
 - ``TiledFusedLogitsLoss`` runs the loss backward inside its forward, tile by tile, keeping only
   the gradient of its input: no fp32 log-softmax is saved and no full logits exist.
-- Checkpoint offload (ArcticTraining's ``activation_checkpoint_cpu_offload``) moves every
-  checkpointed layer input to host RAM; the GPU keeps the one being worked on.
+- Checkpoint offload (ArcticTraining's ``CheckpointFunctionWithCPUOffload``) moves every
+  checkpointed layer input to host RAM in forward; in backward the GPU holds the one brought
+  back for the layer being rebuilt.
 
 Every byte count is a Python int, so a 2**24-token sequence stays exact.
 """
@@ -165,9 +166,12 @@ def long_context_memory(shape: ModelShape, plan: Plan, training: Training) -> Lo
         per_layer = base.per_layer + layer_delta
     host = 0
     if lc.checkpoint_offload and full:
-        checkpoint = tokens * e * shape.hidden_size  # one layer's input
+        # every layer's input goes to the host in forward; in backward one comes back at a time,
+        # next to the layer rebuilt from it
+        checkpoint = tokens * e * shape.hidden_size
         host = shape.num_layers * checkpoint
-        layers = checkpoint
+        layers = 0
+        rebuilt += checkpoint
     outside = base.outside_layers
     vocab = shape.vocab_size
     if lc.tiled_loss:
@@ -190,14 +194,16 @@ def long_context_memory(shape: ModelShape, plan: Plan, training: Training) -> Lo
 
 
 def all_to_all_bytes(shape: ModelShape, plan: Plan, local_sequence: int) -> int:
-    """Staging of one layer's all-to-all: the contiguous send copy and the receive buffer of q, k
-    and v (``_combine_local_sequences``: ``rearrange(...).contiguous()`` then
-    ``_dim_zero_all_to_all``), k and v after head replication."""
+    """Staging of one all-to-all beyond the tensors attention then saves: ``_combine_local_sequences``
+    exchanges q, k and v one after the other, each through a contiguous send copy
+    (``rearrange(...).contiguous()``, after ``repeat_interleave`` for replicated kv heads) and the
+    receive buffer of ``_dim_zero_all_to_all``, so at most the largest of the three is in flight
+    twice; the received tensors themselves are the kernel's saved q, k, v (in the activations)."""
     sp = plan.sequence_parallel_size
     if sp == 1:
         return 0
-    kv = max(shape.num_key_value_heads, sp) * shape.head_dim
-    return 2 * plan.dtype_bytes * plan.micro_batch_size * local_sequence * (shape.q_size + 2 * kv)
+    widest = max(shape.q_size, max(shape.num_key_value_heads, sp) * shape.head_dim)
+    return 2 * plan.dtype_bytes * plan.micro_batch_size * local_sequence * widest
 
 
 def sp_reduction_bytes(shape: ModelShape, plan: Plan) -> int:

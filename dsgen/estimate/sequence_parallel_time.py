@@ -10,6 +10,8 @@ adds them to the plan's compute, exposed communication and offload time.
   NVLink while ``p`` fits in a node and the inter-node link beyond.
 - SP gradient reduction in ``seq_parallel_communication_data_type`` (fp32 by default): the ZeRO
   gradient traffic is sent in 4 bytes instead of 2; the extra half is counted as exposed.
+- Causal attention: a long-context plan's attention is priced as the causal kernels run it, half
+  of the full score matrix.
 - TiledMLP recomputes every MLP forward once more in backward (its docstring: "the forward
   occurs twice each iteration, and thrice with activation checkpointing").
 - Checkpoint offload: every checkpointed layer input goes to host RAM in forward and comes back
@@ -30,7 +32,7 @@ from dsgen.spec.types import Hardware, Training
 class LongContextTime:
     """Seconds per step the long-context choices add, by where they land in :class:`StepTime`."""
 
-    extra_flops: float  # hardware FLOPs per step, all GPUs (TiledMLP's recompute)
+    extra_flops: float  # hardware FLOPs per step, all GPUs: TiledMLP's recompute less the causal saving
     exposed_comm_s: float  # all-to-all and the fp32 SP gradient reduction
     offload_s: float  # checkpoint offload over PCIe
 
@@ -69,6 +71,18 @@ def sp_gradient_reduction_s(shape: ModelShape, plan: Plan, hardware: Hardware, e
     return reductions * extra * shape.parameter_count() * (n - 1) / n / (link * 1e9 * efficiency)
 
 
+def causal_attention_saving(shape: ModelShape, plan: Plan, training: Training) -> float:
+    """FLOPs per step a causal kernel skips: FlashAttention computes only the blocks on and below
+    the diagonal, half of the ``12·L·s·width`` per token the PaLM accounting charges (with whole-
+    layer checkpointing the recomputed forward skips them too). At 100K+ tokens attention is most
+    of the work, so the factor matters; plain plans keep the PaLM figure (see docs/throughput-model.md)."""
+    if shape.encoder_only:
+        return 0.0
+    tokens = plan.global_batch_size * training.sequence_length
+    passes = 4 / 3 if plan.checkpointing == "full" else 1.0
+    return 6.0 * shape.num_layers * shape.attention_score_width * training.sequence_length * tokens * passes
+
+
 def tiled_mlp_flops(shape: ModelShape, plan: Plan, training: Training) -> float:
     """One more forward of every dense MLP: 2 FLOPs per MLP parameter per token."""
     if not plan.long_context.tiled_mlp or shape.is_moe:
@@ -102,7 +116,7 @@ def long_context_time(
     comm = all_to_all_s(shape, plan, hardware, training, collective_efficiency)
     comm += sp_gradient_reduction_s(shape, plan, hardware, collective_efficiency)
     return LongContextTime(
-        extra_flops=tiled_mlp_flops(shape, plan, training),
+        extra_flops=tiled_mlp_flops(shape, plan, training) - causal_attention_saving(shape, plan, training),
         exposed_comm_s=comm,
         offload_s=checkpoint_offload_s(shape, plan, hardware, training, pcie_efficiency),
     )
