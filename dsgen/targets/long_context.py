@@ -109,7 +109,7 @@ def long_context_notes(spec: Spec, plan: Plan, target: str) -> list[str]:
             "the Trainer turns SP on from the PARALLELISM_CONFIG_* variables launch.sh exports, or give "
             "TrainingArguments(parallelism_config=accelerate.parallelism_config.ParallelismConfig("
             f'sp_backend="deepspeed", sp_size={sp}, sp_handler=accelerate.utils.DeepSpeedSequenceParallelConfig('
-            f'sp_seq_length={spec.training.sequence_length}, sp_seq_length_is_variable=False, '
+            f"sp_seq_length={spec.training.sequence_length}, sp_seq_length_is_variable=False, "
             f'sp_attn_implementation="{attn}")))'
         )
     if lc.tiled_mlp:
