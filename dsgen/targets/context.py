@@ -187,7 +187,8 @@ def script_notes(spec: Spec, plan: Plan, target: str, optimizer: dict[str, Any])
         )
     if plan.checkpointing == "full" and target in ("accelerate", "lightning", "deepspeed"):
         notes.append(
-            "enable gradient checkpointing: model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False})"
+            "enable gradient checkpointing: model.gradient_checkpointing_enable(gradient_checkpointing_kwargs="
+            f"{{'use_reentrant': {plan.long_context.checkpoint_offload}}})"  # the offload patches the reentrant one
         )
     if plan.checkpointing == "selective":
         notes.append(
