@@ -168,3 +168,49 @@ def test_doctor_prices_a_ulysses_config_and_checks_deepspeeds_rules() -> None:
     bad = doctor(_ds_config(3, world=6), spec, world_size=6)  # Llama 3.1 8B: 32 query heads, 8 kv heads
     messages = [f.message for f in bad.findings if f.code == "sequence-parallel"]
     assert messages and "UlyssesSPAttentionHF" in messages[0]
+
+
+def test_sweeps_vary_the_long_context_keys(tmp_path) -> None:
+    """A sweep varies the new constraints like any key; the manifest carries the plan's four values."""
+    from dsgen.api import run_sweep_to
+
+    base = tmp_path / "base.yaml"
+    base.write_text(spec_text(seq=131072))
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(
+        "base: base.yaml\n"
+        'name: "sp{{ constraints.sequence_parallel_size }}"\n'
+        "grid:\n  constraints.sequence_parallel_size: [4, 8]\n"
+    )
+    result = run_sweep_to(sweep, None)
+    rows = {row["name"]: row for row in result.rows}
+    assert [rows[n]["sequence_parallel_size"] for n in ("sp4", "sp8")] == [4, 8]
+    assert [rows[n]["data_parallel_size"] for n in ("sp4", "sp8")] == [2, 1]
+    assert all(isinstance(rows[n]["tiled_loss"], bool) for n in rows)
+
+
+def test_all_to_all_and_offload_traffic_from_deepspeeds_shapes() -> None:
+    """Hand-counted from UlyssesSPAttentionHF's tensors: Llama 3.1 8B, SP 8, 131,072 tokens, bf16,
+    one micro-step, no checkpointing. Each rank holds 16,384 tokens; per layer and pass it sends
+    7/8 of q (32 heads x 128) and of the output (4,096 wide) and of k and v (8 heads x 128, one
+    per rank: no replication), 2 bytes each: 16,384 x (4,096 + 4,096 + 1,024 + 1,024) x 2 x 7/8
+    bytes, in forward and backward, over 32 layers, at 450 GB/s x 0.7. Checkpoint offload moves
+    each of the 32 layer inputs (16,384 x 4,096 x 2 bytes) down and back up over PCIe (64 GB/s x 0.8)."""
+    from dataclasses import replace as dc_replace
+
+    from dsgen.estimate.sequence_parallel_time import all_to_all_s, checkpoint_offload_s
+    from dsgen.plan import Plan
+
+    spec = spec_of(seq=131072)
+    plan = Plan(
+        precision="bf16", zero_stage=2, offload_optimizer="none", offload_param="none", checkpointing="none",
+        micro_batch_size=1, gradient_accumulation_steps=1, data_parallel_size=8, long_context=LongContext(8),
+    )  # fmt: skip
+    per_layer_pass = 16384 * (4096 + 4096 + 1024 + 1024) * 2 * 7 / 8
+    expected = per_layer_pass * 2 * 32 / (450e9 * 0.7)
+    assert all_to_all_s(spec.model, plan, spec.hardware, spec.training, 0.7) == pytest.approx(expected)
+    offload = dc_replace(plan, checkpointing="full", long_context=LongContext(8, checkpoint_offload=True))
+    moved = 2 * 32 * 16384 * 4096 * 2
+    assert checkpoint_offload_s(spec.model, offload, spec.hardware, spec.training, 0.8) == pytest.approx(
+        moved / (64e9 * 0.8)
+    )
