@@ -18,6 +18,7 @@ SPEC = """\
 model: {{preset: llama-3.1-8b}}
 hardware: {{gpu: h100-80gb, gpus_per_node: 8, cpu_memory_gib: 2048}}
 training: {{sequence_length: 131072, global_batch_size: 8, attention: {attention}}}
+constraints: {{sequence_parallel_size: 8, tiled_mlp: true}}
 """
 
 
@@ -151,3 +152,20 @@ def test_hf_trainer_sp2_bundle_trains_two_steps(tmp_path: Path) -> None:
     info = dict(item.split("=", 1) for item in match.group(1).split())
     assert info["global_step"] == "2" and info["sp"] == "2" and info["finite"] == "True", info
     assert len(info["losses"].split(",")) == 2
+
+
+def test_lightning_refuses_a_ulysses_plan(tmp_path: Path) -> None:
+    """Lightning's DeepSpeedStrategy calls deepspeed.initialize(..., mpu_=None) (strategies/deepspeed.py),
+    so DeepSpeed would see sequence-parallel size 1: the bundle is refused, naming the target."""
+    from dsgen.errors import DsgenError, ExitCode
+
+    require_module("lightning")
+    import inspect
+
+    from lightning.pytorch.strategies import deepspeed as pl_deepspeed
+
+    assert "mpu_=None" in inspect.getsource(pl_deepspeed)
+    with pytest.raises(DsgenError) as caught:
+        _bundle(tmp_path, "lightning")
+    assert caught.value.exit_code == ExitCode.BAD_INPUT
+    assert "output.target" in caught.value.render()

@@ -29,7 +29,7 @@ from dsgen.estimate.optimizers import client_optimizer_class, is_client_optimize
 from dsgen.plan import Plan
 from dsgen.render import optimizer_block, scheduler_block
 from dsgen.spec.types import Spec
-from dsgen.targets.long_context import long_context_notes
+from dsgen.targets.long_context import check_target, long_context_notes
 
 #: TrainingArguments ``optim`` for the optimizers the training script builds itself.
 HF_CLIENT_OPTIM = {"adafactor": "adafactor", "adamw-8bit": "adamw_bnb_8bit"}
@@ -245,6 +245,7 @@ class TargetContext:
 
 
 def target_context(spec: Spec, plan: Plan, target: str, launcher: str) -> TargetContext:
+    check_target(plan, target)  # Ulysses SP needs a framework that passes DeepSpeed an mpu
     autos = auto_pointers(spec, plan, target)
     optimizer = optimizer_for(spec, plan, target, autos)
     kind = spec.training.optimizer.type

@@ -15,12 +15,27 @@ in every case.
 
 from __future__ import annotations
 
+from dsgen.errors import DsgenError
 from dsgen.estimate.sequence_parallel import SP_COMMUNICATION_DTYPE, tiled_mlp_shards
 from dsgen.plan import Plan
 from dsgen.spec.types import Spec
 
 #: transformers' attn_implementation for each of the spec's attention kernels.
 HF_ATTENTION = {"flash": "flash_attention_2", "sdpa": "sdpa"}
+
+
+def check_target(plan: Plan, target: str) -> None:
+    """Refuse a Ulysses plan for a framework that cannot run it. Lightning's DeepSpeedStrategy calls
+    ``deepspeed.initialize`` without an ``mpu``, and without one DeepSpeed's sequence-parallel size is
+    1 (``utils/groups.py`` ``_get_sequence_parallel_world_size``), so gradients would not be averaged
+    over the SP group."""
+    if target == "lightning" and plan.sequence_parallel_size > 1:
+        raise DsgenError(
+            f"the plan uses Ulysses sequence parallelism (sequence_parallel_size {plan.sequence_parallel_size}), "
+            "which Lightning's DeepSpeedStrategy cannot start: it passes no mpu to deepspeed.initialize",
+            path="output.target",
+            hint="use --target hf-trainer, accelerate or deepspeed, or pin constraints.sequence_parallel_size: 1",
+        )
 
 
 def ds_config_keys(plan: Plan) -> dict[str, object]:
