@@ -31,10 +31,13 @@ def sequence_parallel_degrees(spec: Spec, search: bool = False) -> tuple[int, ..
 
 @cache  # a property of the model, GPU count, sequence and attention; asked once per solve
 def _degrees(model: ModelShape, world: int, sequence_length: int, attention: str) -> tuple[int, ...]:
+    # a degree divides the query heads (UlyssesSPAttentionHF), so only their divisors are candidates:
+    # the loop is over the heads, never over a (possibly huge) GPU count
+    heads = model.num_attention_heads
     return tuple(
         sp
-        for sp in range(1, world + 1)
-        if world % sp == 0 and sp_violation(model, sp, world, sequence_length, attention) is None
+        for sp in range(1, heads + 1)
+        if heads % sp == 0 and sp_violation(model, sp, world, sequence_length, attention) is None
     )
 
 
