@@ -269,10 +269,11 @@ def manifest_row(sweep: Sweep, outcome: Outcome, written: list[str]) -> dict[str
         "host_memory_bytes": e.memory.cpu.total if e else None,
         "step_time_s": round(e.step.total_s, 6) if e else None,
         "tokens_per_s": round(e.tokens_per_s, 3) if e else None,
+        # the long-context choices (issue 21), then the later plan columns and files, which stay last
+        **(long_context_dict(plan) if plan else dict.fromkeys(LONG_CONTEXT_KEYS)),
         # after the original plan and prediction columns, so positional CSV readers keep working;
         # flat values, so the CSV stays one value per cell
         "offload_optimizer_ratio": offload_optimizer_ratio(plan) if plan else None,
         "zeropp": plan.knobs.zeropp if plan else None,
-        **(long_context_dict(plan) if plan else dict.fromkeys(LONG_CONTEXT_KEYS)),
         "files": written,
     }
