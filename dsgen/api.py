@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dsgen.doctor.diagnose import Diagnosis
+    from dsgen.frontier import FrontierPoint
     from dsgen.plan import Plan
     from dsgen.render import Rendered
     from dsgen.solver import SolveResult
@@ -31,6 +32,7 @@ __all__ = [
     "build_bundle",
     "build_config",
     "doctor",
+    "frontier_of",
     "load_spec",
     "render_bundle",
     "render_plan",
@@ -214,3 +216,14 @@ def build_bundle(
     request = resource_request(result.spec, chosen, best.memory.cpu.total, best.step.total_s)
     tdir = Path(template_dir) if template_dir is not None else None
     return result, bundle.render_bundle(result.spec, best.plan, chosen, how, tdir, request=request)
+
+
+def frontier_of(spec: Spec, over: str = "sequence_length", gpus: list[int] | None = None) -> list[FrontierPoint]:
+    """The largest ``over`` (sequence_length or micro_batch_size) that fits, one point per GPU
+    count (``dsgen frontier``): bisection over the solver, each point solved in full."""
+    from dsgen.errors import DsgenError
+    from dsgen.frontier import OVER_CHOICES, frontier
+
+    if over not in OVER_CHOICES:
+        raise DsgenError(f"must be one of {', '.join(OVER_CHOICES)}, got {over!r}", path="--over")
+    return frontier(spec, over, gpus)

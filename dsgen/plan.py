@@ -41,6 +41,36 @@ class ZeroKnobs:
         return "+".join(parts) or "none"
 
 
+@dataclass(frozen=True)  # one per long-context variant the solver prices
+class LongContext:
+    """The Arctic Long Sequence Training (ALST) choices of a plan (arXiv 2506.13996; DeepSpeed
+    ``runtime/sequence_parallel/ulysses_sp.py``): the Ulysses degree and the three memory tricks.
+    The default is a plan without any of them."""
+
+    sequence_parallel_size: int = 1
+    tiled_mlp: bool = False
+    tiled_loss: bool = False
+    checkpoint_offload: bool = False
+
+    @property
+    def active(self) -> bool:
+        return self.sequence_parallel_size > 1 or self.tiled_mlp or self.tiled_loss or self.checkpoint_offload
+
+    def label(self) -> str:
+        """e.g. 'SP 8, tiled MLP, tiled loss, checkpoint offload' ('' when none is on)."""
+        parts = [f"SP {self.sequence_parallel_size}"] if self.sequence_parallel_size > 1 else []
+        parts += [
+            name
+            for name, on in (
+                ("tiled MLP", self.tiled_mlp),
+                ("tiled loss", self.tiled_loss),
+                ("checkpoint offload", self.checkpoint_offload),
+            )
+            if on
+        ]
+        return ", ".join(parts)
+
+
 CHECKPOINTING_LABELS: dict[Checkpointing, str] = {
     "none": "",
     "selective": ", selective recompute",
@@ -59,13 +89,26 @@ class Plan:
     checkpointing: Checkpointing  # the output contract's two booleans: checkpointing_flags below
     micro_batch_size: int
     gradient_accumulation_steps: int
-    data_parallel_size: int
+    data_parallel_size: int  # ranks ZeRO partitions over: every GPU (with Ulysses, DeepSpeed's seq_data_parallel_group)
     knobs: ZeroKnobs = ZeroKnobs()
     offload_ratio: float = 1.0  # share of optimizer work done on the CPU (ZeRO-3 partial offload)
+    long_context: LongContext = LongContext()
+
+    @property
+    def sequence_parallel_size(self) -> int:
+        return self.long_context.sequence_parallel_size
+
+    @property
+    def batch_parallel_size(self) -> int:
+        """Ranks that each take their own micro-batches: the GPUs / the Ulysses degree, the
+        ``world_size`` DeepSpeed checks ``train_batch_size`` against (``runtime/config.py``:
+        ``dist.get_world_size() / config["sequence_parallel_size"]``). ZeRO still partitions model
+        states over every GPU (``engine.py``: ``dp_process_group=self.seq_data_parallel_group``)."""
+        return self.data_parallel_size // self.long_context.sequence_parallel_size
 
     @property
     def global_batch_size(self) -> int:
-        return self.micro_batch_size * self.gradient_accumulation_steps * self.data_parallel_size
+        return self.micro_batch_size * self.gradient_accumulation_steps * self.batch_parallel_size
 
     @property
     def mixed_precision(self) -> bool:
@@ -96,6 +139,8 @@ class Plan:
             parts.append(f"ZeRO++ {self.knobs.zeropp}")
         label = " + ".join(parts)
         label += CHECKPOINTING_LABELS[self.checkpointing]
+        if self.long_context.active:
+            label += f", {self.long_context.label()}"
         return f"{label}, {self.precision}, micro {self.micro_batch_size} x accum {self.gradient_accumulation_steps}"
 
 
@@ -144,8 +189,23 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
         **checkpointing_flags(plan),
         "micro_batch_size": plan.micro_batch_size,
         "gradient_accumulation_steps": plan.gradient_accumulation_steps,
-        "data_parallel_size": plan.data_parallel_size,
+        "data_parallel_size": plan.batch_parallel_size,
         "global_batch_size": plan.global_batch_size,
         "offload_optimizer_ratio": offload_optimizer_ratio(plan),
         "zeropp": zeropp_dict(plan),
+        **long_context_dict(plan),
+    }
+
+
+LONG_CONTEXT_KEYS = ("sequence_parallel_size", "tiled_mlp", "tiled_loss", "checkpoint_offload")
+
+
+def long_context_dict(plan: Plan) -> dict[str, Any]:
+    """The ALST choices of ``plan`` (Ulysses degree and the three memory tricks)."""
+    lc = plan.long_context
+    return {
+        "sequence_parallel_size": lc.sequence_parallel_size,
+        "tiled_mlp": lc.tiled_mlp,
+        "tiled_loss": lc.tiled_loss,
+        "checkpoint_offload": lc.checkpoint_offload,
     }

@@ -23,6 +23,7 @@ from dsgen.resources import template_dir
 from dsgen.spec.types import Spec
 from dsgen.targets import CONFIG_FILE, FRAMEWORK_FILE, HOSTFILE, LAUNCH_FILE
 from dsgen.targets.context import ACCELERATE_PRECISION, LIGHTNING_PRECISION, TargetContext, named, target_context
+from dsgen.targets.long_context import long_context_templates
 from dsgen.targets.requests import ResourceRequest
 
 #: The DeepSpeed JSON's template for each target (under the template directory).
@@ -176,6 +177,7 @@ def template_context(
         "lightning_precision": LIGHTNING_PRECISION[plan.precision],
         "notes": list(ctx.notes),
         "resources": resources,
+        "long_context": long_context_templates(spec, plan),  # Ulysses SP keys (dsgen.targets.long_context)
         "files": {
             "ds_config": CONFIG_FILE,
             "framework": FRAMEWORK_FILE.get(ctx.target),
@@ -206,7 +208,7 @@ def check_rendered(config: dict[str, Any], plan: Plan, target: str) -> None:
         )
     from dsgen.validate import validate_config
 
-    report = validate_config(config, world_size=plan.data_parallel_size, target=target)
+    report = validate_config(config, world_size=plan.batch_parallel_size, target=target)  # W = world / SP
     if not report.ok:
         details = "; ".join(f"{f.rule_id} at {f.pointer or '/'}: {f.message}" for f in report.errors)
         raise DsgenError(f"the rendered config failed validation: {details}", exit_code=ExitCode.FINDINGS, hint=hint)

@@ -9,6 +9,7 @@ from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
 from dsgen.plan import Plan, plan_dict
 from dsgen.solver import Evaluation, SolveResult, gib
 from dsgen.spec.types import Spec
+from dsgen.targets.long_context import long_context_notes
 from dsgen.text_table import text_table
 from dsgen.units import GIB
 from dsgen.verdict import SAFE_LINE
@@ -215,6 +216,7 @@ def script_requirements(spec: Spec, plan: Plan) -> str:
             f"make each MoE block a ZeRO-3 leaf module before deepspeed.initialize: "
             f"deepspeed.utils.set_z3_leaf_modules(model, [{block}])"
         )
+    needs.extend(long_context_notes(spec, plan, "deepspeed"))  # Ulysses SP and the ALST tricks
     if not needs:
         return "Your training script needs nothing beyond passing this config to deepspeed.initialize."
     return "Your training script must: " + "; ".join(needs) + "."
@@ -247,7 +249,7 @@ def human_summary(result: SolveResult) -> str:
         f"hardware  {spec.hardware.nodes} x {spec.hardware.gpus_per_node} x {spec.hardware.gpu.name}",
         f"plan      {p.describe()}",
         f"batch     {p.global_batch_size} = micro {p.micro_batch_size} x accumulation "
-        f"{p.gradient_accumulation_steps} x data-parallel {p.data_parallel_size}",
+        f"{p.gradient_accumulation_steps} x data-parallel {p.batch_parallel_size}",
         "",
         f"GPU memory per rank (capacity {gib(e.memory.gpu.capacity)}, usable {gib(e.usable_gpu_bytes)}; "
         f"{ACCOUNTING_LABELS[result.accounting]}):",

@@ -19,7 +19,8 @@ from dsgen.errors import DsgenError, InfeasibleError
 from dsgen.estimate.memory import HOST_RESERVE, MemoryEstimate, estimate_memory
 from dsgen.estimate.optimizers import is_client_optimizer
 from dsgen.estimate.throughput import STEP_TIME_TIE_BAND, StepTime, estimate_step_time
-from dsgen.plan import Plan, ZeroKnobs
+from dsgen.long_context import long_context_choices, sequence_parallel_degrees, tricks_within
+from dsgen.plan import LongContext, Plan, ZeroKnobs
 from dsgen.spec.types import Spec
 from dsgen.units import GIB
 from dsgen.verdict import FitVerdict, classify
@@ -349,9 +350,21 @@ class _Structure:
     offload_ratio: float
     zeropp: str
     checkpointing: Checkpointing
+    long_context: LongContext = LongContext()
 
 
-def _structures(spec: Spec) -> Iterator[_Structure]:
+def _structures(spec: Spec, search: bool = False) -> Iterator[_Structure]:
+    """:func:`_base_structures` times the long-context choices each allows (Ulysses degree
+    ascending, then tiling and checkpoint offload, fewest tricks first); without ``search``
+    the unpinned long-context dimensions stay off (see :func:`solve`)."""
+    degrees = sequence_parallel_degrees(spec, search)
+    for base in _base_structures(spec):
+        for sp in degrees:
+            for long_context in long_context_choices(spec, sp, base.checkpointing, search):
+                yield replace(base, long_context=long_context)
+
+
+def _base_structures(spec: Spec) -> Iterator[_Structure]:
     """Every allowed combination of stage, offload (with partial-offload share), ZeRO++ and
     checkpointing, in a fixed order (simplest first)."""
     c = spec.constraints
@@ -423,12 +436,13 @@ def evaluate(spec: Spec, plan: Plan, accounting: Accounting = "dsgen") -> Evalua
     hardware = spec.hardware
     memory = estimate_memory(spec.model, plan, hardware, spec.training, accounting)
     step = estimate_step_time(spec.model, plan, hardware, spec.training)
+    usable_gpu, usable_cpu = _usable_bytes(spec)
     return Evaluation(
         plan=plan,
         memory=memory,
         step=step,
-        usable_gpu_bytes=int(hardware.gpu.memory_bytes * (1 - spec.constraints.memory_headroom)),
-        usable_cpu_bytes=int(hardware.cpu_memory_bytes * (1 - HOST_RESERVE)),
+        usable_gpu_bytes=usable_gpu,
+        usable_cpu_bytes=usable_cpu,
         sequence_length=spec.training.sequence_length,
     )
 
@@ -449,8 +463,10 @@ def simplicity_key(e: Evaluation, base: ZeroKnobs) -> tuple[float, ...]:
     """How far a plan is from the plainest DeepSpeed run, most important first: offload (parameters,
     then optimizer, then the offloaded share), ZeRO stage, quantized ZeRO++ (qwZ/qgZ change the
     numerics), hpZ, recomputation, then how many ZeRO knobs differ from the stage's first (fastest,
-    least tuned) setting, ``base`` (:func:`default_knobs`). Offload comes before the stage because it moves the step onto the host:
-    host RAM, pinned memory and DeepSpeedCPUAdam become part of what can fail."""
+    least tuned) setting, ``base`` (:func:`default_knobs`), then the long-context tricks (each one
+    a change to the training script) and the Ulysses degree. Offload comes before the stage because
+    it moves the step onto the host: host RAM, pinned memory and DeepSpeedCPUAdam become part of
+    what can fail."""
     p = e.plan
     k = p.knobs
     tuned = sum(getattr(k, name) != getattr(base, name) for name in KNOB_FIELDS)
@@ -463,6 +479,8 @@ def simplicity_key(e: Evaluation, base: ZeroKnobs) -> tuple[float, ...]:
         int(k.hpz_partition_size > 1),
         CHECKPOINTING_ORDER[p.checkpointing],
         tuned,
+        sum((p.long_context.tiled_mlp, p.long_context.tiled_loss, p.long_context.checkpoint_offload)),
+        p.long_context.sequence_parallel_size,
     )
 
 
@@ -505,6 +523,14 @@ def rank_within_error(
         ranked.append(pick)
         remaining.remove(pick)
     return ranked + remaining
+
+
+def _long_context_searchable(spec: Spec) -> bool:
+    """Whether a long-context search could add plans: something is unpinned, and not every
+    classic dimension is pinned (a fully pinned spec reports exactly its plan)."""
+    c = spec.constraints
+    unpinned = None in (c.sequence_parallel_size, c.tiled_mlp, c.tiled_loss, c.checkpoint_offload)
+    return unpinned and not _is_fully_pinned(spec)
 
 
 def _is_fully_pinned(spec: Spec) -> bool:
@@ -551,7 +577,9 @@ def _no_plan_for_pins(spec: Spec) -> DsgenError:
     )
 
 
-def _search(spec: Spec, global_batch: int, accounting: Accounting) -> tuple[list[Evaluation], int]:
+def _search(
+    spec: Spec, global_batch: int, accounting: Accounting, long_search: bool = False
+) -> tuple[list[Evaluation], int]:
     """Evaluate the search space with two safe prunings; return the evaluations kept and the count.
 
     1. Knob variants are ordered fastest-first and never larger in GPU memory than the previous
@@ -563,9 +591,12 @@ def _search(spec: Spec, global_batch: int, accounting: Accounting) -> tuple[list
     """
     dp = spec.hardware.world_size
     precision = resolve_precision(spec)
-    splits = _batch_splits(spec, dp, global_batch)
+    splits_by_sp = _splits_by_degree(spec, global_batch, long_search)
+    # (structure without its tricks, micro, accum) -> the trick sets that fit there: a plan with
+    # more tricks than one that fits uses less GPU memory but never less time, so it is skipped
+    fitted: dict[tuple[_Structure, int, int], list[LongContext]] = {}
     variants_by_stage = {stage: knob_variants(spec.model, stage) for stage in range(4)}
-    if next(_structures(spec), None) is None:
+    if next(_structures(spec, long_search), None) is None:
         raise _no_plan_for_pins(spec)
     kept: list[Evaluation] = []
     evaluated = 0
@@ -573,30 +604,32 @@ def _search(spec: Spec, global_batch: int, accounting: Accounting) -> tuple[list
     def price(st: _Structure, knobs: ZeroKnobs, micro: int, accum: int) -> Evaluation:
         nonlocal evaluated
         evaluated += 1
-        plan = Plan(
-            precision=precision,
-            zero_stage=st.stage,
-            offload_optimizer=st.offload_optimizer,
-            offload_param=st.offload_param,
-            checkpointing=st.checkpointing,
-            micro_batch_size=micro,
-            gradient_accumulation_steps=accum,
-            data_parallel_size=dp,
-            knobs=knobs,
-            offload_ratio=st.offload_ratio,
-        )
-        return evaluate(spec, plan, accounting)
+        return evaluate(spec, _plan(st, precision, knobs, micro, accum, dp), accounting)
 
-    for st in _structures(spec):
-        variants = [_with_zeropp(k, st.zeropp, spec.hardware.gpus_per_node) for k in variants_by_stage[st.stage]]
-        if st.offload_ratio < 1:
-            # DeepSpeed applies offload_optimizer.ratio per optimizer sub-group: with one sub-group
-            # everything is offloaded, so split the rank's partition into at least eight.
-            groups = max(1_000_000, -(-spec.model.parameter_count() // dp // 8))
-            variants = [replace(k, sub_group_size=min(k.sub_group_size, groups)) for k in variants]
+    # 3. (long-context search only) Tricks only lower GPU memory, so when a structure's leanest
+    #    trick set does not fit the GPU at its leanest split and knobs, no other set of that
+    #    structure and Ulysses degree can: one probe per (structure, degree) decides.
+    probes: dict[_Structure, bool] = {}
+    for st in _structures(spec, long_search):
+        splits = splits_by_sp[st.long_context.sequence_parallel_size]
+        if not splits:
+            continue
+        plain = replace(
+            st, long_context=replace(LongContext(), sequence_parallel_size=st.long_context.sequence_parallel_size)
+        )
+        variants = _knob_variants_for(spec, st, variants_by_stage[st.stage])
+        if long_search:
+            if plain not in probes:
+                tried = _probe(spec, st, splits, partial(price, _leanest(spec, st)))
+                kept.extend(tried)  # candidates for the closest miss
+                probes[plain] = any(e.fits_gpu for e in tried)
+            if not probes[plain]:
+                continue
         overflowed = False
         for micro, accum in splits:
             if overflowed and accum > 1:
+                continue
+            if any(tricks_within(done, st.long_context) for done in fitted.get((plain, micro, accum), ())):
                 continue
             if overflowed:
                 # the single-step split after an overflow (see 2.) seldom fits: try the leanest
@@ -612,8 +645,114 @@ def _search(spec: Spec, global_batch: int, accounting: Accounting) -> tuple[list
             if chosen.fits_gpu and not chosen.fits_cpu and st.offload_optimizer == "nvme":
                 chosen = _shrink_sub_groups(chosen, partial(price, st, micro=micro, accum=accum))
             kept.append(chosen)
+            if chosen.feasible:
+                fitted.setdefault((plain, micro, accum), []).append(st.long_context)
             overflowed = overflowed or not chosen.fits_gpu
     return kept, evaluated
+
+
+def _plan(st: _Structure, precision: Precision, knobs: ZeroKnobs, micro: int, accum: int, dp: int) -> Plan:
+    return Plan(
+        precision=precision,
+        zero_stage=st.stage,
+        offload_optimizer=st.offload_optimizer,
+        offload_param=st.offload_param,
+        checkpointing=st.checkpointing,
+        micro_batch_size=micro,
+        gradient_accumulation_steps=accum,
+        data_parallel_size=dp,
+        knobs=knobs,
+        offload_ratio=st.offload_ratio,
+        long_context=st.long_context,
+    )
+
+
+def _knob_variants_for(spec: Spec, st: _Structure, stage_variants: list[ZeroKnobs]) -> list[ZeroKnobs]:
+    """The knob variants of one structure: its stage's, with ZeRO++ and partial-offload sub-groups."""
+    variants = [_with_zeropp(k, st.zeropp, spec.hardware.gpus_per_node) for k in stage_variants]
+    if st.offload_ratio < 1:
+        # DeepSpeed applies offload_optimizer.ratio per optimizer sub-group: with one sub-group
+        # everything is offloaded, so split the rank's partition into at least eight.
+        groups = max(1_000_000, -(-spec.model.parameter_count() // spec.hardware.world_size // 8))
+        variants = [replace(k, sub_group_size=min(k.sub_group_size, groups)) for k in variants]
+    return variants
+
+
+def _leanest(spec: Spec, st: _Structure) -> _Structure:
+    """``st`` with the trick set that needs the least GPU memory (the last: most tricks)."""
+    choices = long_context_choices(spec, st.long_context.sequence_parallel_size, st.checkpointing, search=True)
+    return replace(st, long_context=choices[-1])
+
+
+def _probe(
+    spec: Spec, st: _Structure, splits: list[tuple[int, int]], price: Callable[[ZeroKnobs, int, int], Evaluation]
+) -> list[Evaluation]:
+    """``st`` priced with its leanest knobs at the smallest micro-batch and at the single-step
+    split (its two leanest splits; see :func:`_search`)."""
+    leanest = _knob_variants_for(spec, st, knob_variants(spec.model, st.stage))[-1]
+    return [price(leanest, micro, accum) for micro, accum in dict.fromkeys((splits[0], max(splits)))]
+
+
+def fits_any(spec: Spec) -> bool:
+    """Whether some plan fits the spec: :func:`solve`'s feasibility alone, fast enough to bisect on.
+
+    Every structure the search would price is tried once at its leanest: the smallest Ulysses
+    degree and the largest one (larger degrees hold fewer tokens per GPU; only the fp32
+    gradient-reduction copy appears with SP, so 1 is tried too), every trick it allows (with and
+    without checkpoint offload, which trades GPU memory for host RAM), the smallest micro-batch
+    and the leanest knobs. Only memory is priced, leanest structures (ZeRO-3, offload) first.
+    """
+    dp = spec.hardware.world_size // sequence_parallel_degrees(spec)[0]
+    global_batch = resolve_global_batch(spec, dp).sequences
+    search = _long_context_searchable(spec)
+    splits_by_sp = _splits_by_degree(spec, global_batch, search)
+    degrees = [d for d in sequence_parallel_degrees(spec, search) if splits_by_sp[d]]
+    precision = resolve_precision(spec)
+    usable_gpu, usable_cpu = _usable_bytes(spec)
+    leanest_knobs = {stage: knob_variants(spec.model, stage)[-1] for stage in range(4)}
+    for base in reversed(list(_base_structures(spec))):
+        knobs = _knob_variants_for(spec, base, [leanest_knobs[base.stage]])[0]
+        for sp in dict.fromkeys((degrees[-1], degrees[0])) if degrees else ():
+            choices = long_context_choices(spec, sp, base.checkpointing, search)
+            lean = {choices[-1], replace(choices[-1], checkpoint_offload=False)} & set(choices)
+            micro, accum = splits_by_sp[sp][0]
+            for long_context in lean:
+                st = replace(base, long_context=long_context)
+                plan = _plan(st, precision, knobs, micro, accum, spec.hardware.world_size)
+                memory = estimate_memory(spec.model, plan, spec.hardware, spec.training)
+                if (
+                    memory.gpu.total <= usable_gpu
+                    and memory.cpu.total <= usable_cpu
+                    and memory.nvme.total <= memory.nvme.capacity
+                ):
+                    return True
+    return False
+
+
+def _usable_bytes(spec: Spec) -> tuple[int, int]:
+    """(GPU, host per node) bytes a plan may use: capacity less the headroom and the host reserve."""
+    hardware = spec.hardware
+    return (
+        int(hardware.gpu.memory_bytes * (1 - spec.constraints.memory_headroom)),
+        int(hardware.cpu_memory_bytes * (1 - HOST_RESERVE)),
+    )
+
+
+def _splits_by_degree(spec: Spec, global_batch: int, long_search: bool) -> dict[int, list[tuple[int, int]]]:
+    """(micro-batch, accumulation) splits for each Ulysses degree: the batch is met over the
+    world / SP data-parallel ranks. A pin that fits no split is an error for the smallest degree
+    (as without SP) and simply leaves the larger degrees without plans."""
+    world = spec.hardware.world_size
+    degrees = sequence_parallel_degrees(spec, long_search)
+    splits: dict[int, list[tuple[int, int]]] = {}
+    for sp in degrees:
+        try:
+            splits[sp] = _batch_splits(spec, world // sp, global_batch)
+        except DsgenError:
+            if sp == degrees[0]:
+                raise
+            splits[sp] = []
+    return splits
 
 
 #: sub_group_size values tried, largest first, when host RAM is what an NVMe-offload plan lacks.
@@ -655,9 +794,15 @@ def solve(spec: Spec, accounting: Accounting = "dsgen") -> SolveResult:
 
     ``accounting="deepspeed-estimator"`` prices model states with DeepSpeed's own estimator
     instead of dsgen's (see :func:`dsgen.estimate.memory.estimate_memory`)."""
-    dp = spec.hardware.world_size
+    dp = spec.hardware.world_size // sequence_parallel_degrees(spec)[0]
     target = resolve_global_batch(spec, dp)
     evaluations, evaluated = _search(spec, target.sequences, accounting)
+    if not any(e.feasible for e in evaluations) and _long_context_searchable(spec):
+        # ALST needs training-script changes no config carries (launch.sh lists them), so its
+        # unpinned dimensions join the search only when no plan fits without them; then all
+        # four are searched jointly with the others.
+        more, counted = _search(spec, target.sequences, accounting, long_search=True)
+        evaluations, evaluated = evaluations + more, evaluated + counted
     feasible = rank_within_error([e for e in evaluations if e.feasible], spec.model)
     closest = None if feasible else min(evaluations, key=lambda e: (e.shortfall(), _rank_key(e)))
     pinned = _is_fully_pinned(spec)

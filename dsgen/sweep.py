@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from dsgen.errors import DsgenError, ExitCode, InfeasibleError
 from dsgen.inputs import read_text
 from dsgen.name_template import compile_name_template, render_name
-from dsgen.plan import checkpointing_flags, offload_optimizer_ratio
+from dsgen.plan import LONG_CONTEXT_KEYS, checkpointing_flags, long_context_dict, offload_optimizer_ratio
 from dsgen.render import Rendered
 from dsgen.resources import schema_path
 from dsgen.solver import Evaluation, require_feasible, solve
@@ -273,12 +273,14 @@ def manifest_row(sweep: Sweep, outcome: Outcome, written: list[str]) -> dict[str
         **checkpointing_flags(plan),
         "micro_batch_size": plan.micro_batch_size if plan else None,
         "gradient_accumulation_steps": plan.gradient_accumulation_steps if plan else None,
-        "data_parallel_size": plan.data_parallel_size if plan else None,
+        "data_parallel_size": plan.batch_parallel_size if plan else None,
         "global_batch_size": plan.global_batch_size if plan else None,
         "gpu_memory_bytes": e.memory.gpu.total if e else None,
         "host_memory_bytes": e.memory.cpu.total if e else None,
         "step_time_s": round(e.step.total_s, 6) if e else None,
         "tokens_per_s": round(e.tokens_per_s, 3) if e else None,
+        # the long-context choices (issue 21), then the later plan columns and files, which stay last
+        **(long_context_dict(plan) if plan else dict.fromkeys(LONG_CONTEXT_KEYS)),
         # after the original plan and prediction columns, so positional CSV readers keep working;
         # flat values, so the CSV stays one value per cell
         "offload_optimizer_ratio": offload_optimizer_ratio(plan) if plan else None,

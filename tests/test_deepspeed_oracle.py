@@ -33,7 +33,7 @@ def _render(spec_data: dict[str, Any]) -> tuple[dict[str, Any], int] | None:
     assert result.best is not None
     plan = result.best.plan
     rendered = render_plan(spec, plan)
-    return rendered.config, plan.data_parallel_size
+    return rendered.config, plan.batch_parallel_size  # the batch's data-parallel ranks (world / SP)
 
 
 @pytest.mark.parametrize("example", sorted(EXAMPLES_DIR.glob("*.yaml")), ids=lambda p: p.stem)
@@ -44,11 +44,12 @@ def test_every_example_is_accepted_by_deepspeed(example: Path, oracle: Any) -> N
     assert result.best is not None
     plan = result.best.plan
     config = render_plan(spec, plan).config
-    assert validate_config(config, world_size=plan.data_parallel_size).ok
+    dp = plan.batch_parallel_size  # the batch's data-parallel ranks (world / SP)
+    assert validate_config(config, world_size=dp).ok
     assert config["train_batch_size"] == (
-        config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * plan.data_parallel_size
+        config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * dp
     )
-    oracle.parse_with_deepspeed(config, plan.data_parallel_size)
+    oracle.parse_with_deepspeed(config, dp)
 
 
 @settings(

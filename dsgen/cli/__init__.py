@@ -37,6 +37,7 @@ COMMAND_MODULES = {
     "validate": "validate_cmd",
     "schema": "validate_cmd",
     "doctor": "doctor_cmd",
+    "frontier": "frontier_cmd",
 }
 
 # Every command, and the group, take -h as well as --help.

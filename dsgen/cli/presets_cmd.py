@@ -68,6 +68,7 @@ def presets(
     header = ["name", "family", "params", "layers", "hidden", "heads", "kv", "vocab"]
     typer.echo(text_table(header, rows, right=set(range(2, len(header)))))
 
+
 def _bf16_peak(gpu: GpuSpec) -> str:
     """The bf16 TFLOPS cell: '-' for a GPU without bf16, never another precision's peak.
 

@@ -36,9 +36,7 @@ def sweep(
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: print the manifest rows as JSON.")] = False,
     max_runs: Annotated[
-        int, typer.Option(
-            "--max-runs", min=1, help="Refuse sweeps that expand to more runs than this.", metavar="N"
-        )
+        int, typer.Option("--max-runs", min=1, help="Refuse sweeps that expand to more runs than this.", metavar="N")
     ] = MAX_RUNS,
     max_parallel: Annotated[
         int | None,

@@ -14,7 +14,7 @@ from typing import Any
 
 from dsgen.doctor.batch import Batch, Parallel
 from dsgen.doctor.keys import MISSING, get
-from dsgen.plan import Plan, ZeroKnobs
+from dsgen.plan import LongContext, Plan, ZeroKnobs
 from dsgen.spec.types import Spec
 from dsgen.vocabulary import Checkpointing, OffloadDevice, Precision
 
@@ -214,7 +214,14 @@ def config_to_plan(
 
     assert batch.micro_batch_size is not None and batch.gradient_accumulation_steps is not None
     dp = parallel.data_parallel
-    if parallel.tensor_parallel > 1 or parallel.pipeline_parallel > 1 or parallel.sequence_parallel > 1:
+    long_context = LongContext()
+    ulysses_only = parallel.tensor_parallel == 1 and parallel.pipeline_parallel == 1
+    if parallel.sequence_parallel > 1 and ulysses_only:
+        # Ulysses: each rank holds s / sp tokens (dsgen.estimate.sequence_parallel) and ZeRO partitions
+        # over every rank, the sequence-data-parallel group (engine.py: dp_process_group=seq_data_parallel_group)
+        long_context = LongContext(sequence_parallel_size=parallel.sequence_parallel)
+        dp = parallel.world_size
+    elif parallel.tensor_parallel > 1 or parallel.pipeline_parallel > 1 or parallel.sequence_parallel > 1:
         notes.append(
             f"the memory model does not split the model over tensor/pipeline/sequence parallel ranks "
             f"(tp {parallel.tensor_parallel}, pp {parallel.pipeline_parallel}, sp {parallel.sequence_parallel}); "
@@ -250,6 +257,7 @@ def config_to_plan(
         data_parallel_size=dp,
         knobs=knobs,
         offload_ratio=ratio,
+        long_context=long_context,
     )
     return ConfigPlan(plan=plan, settings=tuple(settings), notes=tuple(notes), parallel=parallel)
 

@@ -20,6 +20,7 @@ from dsgen.doctor.keys import with_changes
 from dsgen.doctor.oom_match import OomReading, read_oom
 from dsgen.doctor.oom_message import OomMessage, parse_oom
 from dsgen.errors import DsgenError, ExitCode
+from dsgen.estimate.sequence_parallel import sp_violation
 from dsgen.plan import Plan
 from dsgen.report import PHASE_LABELS
 from dsgen.solver import Evaluation, evaluate, gib, resolve_precision, solve
@@ -272,6 +273,13 @@ def _resolve(config: dict[str, Any], spec: Spec, world: int, trainer_args: Mappi
             )
         )
     parallel = parallel_of(resolved.config, world)
+    if parallel.sequence_parallel > 1:  # DeepSpeed's Ulysses rules, each naming where it raises
+        training = spec.training
+        why = sp_violation(spec.model, parallel.sequence_parallel, world, training.sequence_length, training.attention)
+        if why:
+            findings.append(
+                DoctorFinding("error", "sequence-parallel", why, "choose a sequence_parallel_size that satisfies it")
+            )
     return _Resolution(resolved, assumptions, parallel, derive(resolved.config, parallel), tuple(findings))
 
 

@@ -16,6 +16,7 @@ from dsgen.catalog.model_shape import ModelShape
 from dsgen.estimate.activations import estimate_activations
 from dsgen.estimate.model_states import ModelStates, model_states
 from dsgen.estimate.optimizers import step_temporary_bytes
+from dsgen.estimate.sequence_parallel import long_context_memory
 from dsgen.plan import Plan
 from dsgen.spec.types import Hardware, Optimizer, Training
 from dsgen.units import FP32, GIB
@@ -263,6 +264,11 @@ def estimate_memory(
     )
     buffers = buffer_bytes(shape, plan)
     transient = transient_bytes(shape, plan, training, acts.recompute_working_set)
+    if plan.long_context.active:  # Ulysses SP, tiling, checkpoint offload: dsgen.estimate.sequence_parallel
+        long = long_context_memory(shape, plan, training)
+        acts, transient = long.activations, long.transient
+        buffers += long.buffers
+        host_total += hardware.gpus_per_node * long.host_per_rank
     dynamic = acts.total + buffers + transient
     fixed = CUDA_CONTEXT_BYTES + COMM_LIBRARY_BYTES
     gpu = GpuMemory(

@@ -14,6 +14,7 @@ from math import prod
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.estimate.model_states import parameter_shapes, parameter_tensors
 from dsgen.estimate.optimizers import flat_state_bytes
+from dsgen.estimate.sequence_parallel_time import long_context_time
 from dsgen.plan import Plan
 from dsgen.spec.types import Hardware, Training
 from dsgen.units import FP32
@@ -99,19 +100,21 @@ def estimate_step_time(shape: ModelShape, plan: Plan, hardware: Hardware, traini
     communication compute does not hide, and offload traffic, each priced by its own function."""
     flops = model_flops_per_token(shape, training.sequence_length) * tokens_per_step(plan, training)
     compute = compute_s(shape, plan, hardware, training, flops)
-    return StepTime(
-        compute_s=compute,
-        exposed_comm_s=exposed_communication_s(shape, plan, hardware, compute),
-        offload_s=offload_s(shape, plan, hardware, training),
-        model_flops=flops,
-    )
+    exposed = exposed_communication_s(shape, plan, hardware, compute)
+    offload = offload_s(shape, plan, hardware, training)
+    if plan.long_context.active:  # Ulysses SP, TiledMLP, checkpoint offload (sequence_parallel_time)
+        long = long_context_time(shape, plan, hardware, training, COLLECTIVE_EFFICIENCY, PCIE_EFFICIENCY)
+        compute += compute_s(shape, plan, hardware, training, long.extra_flops)
+        exposed += long.exposed_comm_s
+        offload += long.offload_s
+    return StepTime(compute_s=compute, exposed_comm_s=exposed, offload_s=offload, model_flops=flops)
 
 
 def compute_s(shape: ModelShape, plan: Plan, hardware: Hardware, training: Training, model_flops: float) -> float:
     """Seconds of compute per step: the model's FLOPs plus what backward recomputes, at the assumed
     MFU scaled by micro-batch efficiency; ZeRO-3's hooks and gathers slow compute further."""
     s = training.sequence_length
-    tokens_per_gpu_micro = plan.micro_batch_size * s
+    tokens_per_gpu_micro = plan.micro_batch_size * s // plan.sequence_parallel_size  # Ulysses: s/p per GPU
     hardware_flops = model_flops
     if plan.checkpointing == "full":
         hardware_flops += model_flops / 3  # one more forward pass

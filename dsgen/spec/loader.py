@@ -158,6 +158,7 @@ class _SpecBuilder:
         training = self.training(data["training"], hardware)
         constraints = self.constraints(data.get("constraints", {}), hardware)
         self.check_client_optimizer(training, constraints)
+        self.check_long_context(model, hardware, training, constraints)
         output = Output(**_given(data.get("output", {}), "target", "path", "launcher"))
         key_lines = tuple(
             (".".join(str(part) for part in path), line)
@@ -381,6 +382,27 @@ class _SpecBuilder:
                 hint="use offload_optimizer: none, or an optimizer DeepSpeed implements (adamw, adam, lion, adagrad)",
             )
 
+    def check_long_context(
+        self, model: ModelShape, hardware: Hardware, training: Training, constraints: Constraints
+    ) -> None:
+        """A pinned Ulysses degree must satisfy DeepSpeed's rules (dsgen.estimate.sequence_parallel.sp_violation
+        names where DeepSpeed raises); TiledMLP patches a dense MLP's forward, not an MoE block."""
+        from dsgen.estimate.sequence_parallel import sp_violation
+
+        sp = constraints.sequence_parallel_size
+        if sp is not None:
+            why = sp_violation(model, sp, hardware.world_size, training.sequence_length, training.attention)
+            if why:
+                raise self.fail(
+                    ("constraints", "sequence_parallel_size"), why, hint="use auto, 1, or a degree that satisfies it"
+                )
+        if constraints.tiled_mlp and model.is_moe:
+            raise self.fail(
+                ("constraints", "tiled_mlp"),
+                f"{model.name} is a mixture of experts; TiledMLP tiles a dense MLP's forward",
+                hint="use tiled_mlp: false or auto",
+            )
+
     def constraints(self, block: dict[str, Any], hardware: Hardware) -> Constraints:
         def pinned(key: str) -> Any:
             value = block.get(key)
@@ -406,11 +428,23 @@ class _SpecBuilder:
                 ("constraints", "offload_optimizer"),
                 "optimizer offload needs ZeRO stage 1, 2 or 3, but zero_stage is pinned to 0",
             )
+        checkpointing = CHECKPOINTING_PINS.get(pinned("activation_checkpointing"))
+        if pinned("checkpoint_offload") is True and checkpointing not in (None, "full"):
+            raise self.fail(
+                ("constraints", "checkpoint_offload"),
+                "checkpoint offload moves the inputs of checkpointed layers to host RAM, "
+                "but activation_checkpointing is not true",
+                hint="set activation_checkpointing: true (or auto), or checkpoint_offload: false",
+            )
         return Constraints(
+            sequence_parallel_size=pinned("sequence_parallel_size"),
+            tiled_mlp=pinned("tiled_mlp"),
+            tiled_loss=pinned("tiled_loss"),
+            checkpoint_offload=pinned("checkpoint_offload"),
             zero_stage=stage,
             offload_optimizer=offload_optimizer,
             offload_param=offload_param,
-            activation_checkpointing=CHECKPOINTING_PINS.get(pinned("activation_checkpointing")),
+            activation_checkpointing=checkpointing,
             micro_batch_size=pinned("micro_batch_size"),
             gradient_accumulation_steps=pinned("gradient_accumulation_steps"),
             zeropp=pinned("zeropp"),

@@ -102,6 +102,10 @@ class Constraints:
     memory_headroom: float = spec_default("constraints.memory_headroom")
     allow_batch_rounding: str = spec_default("constraints.allow_batch_rounding")  # none | nearest
     zeropp: str | None = None  # none | hpz | full; None (auto): hpZ allowed, no quantization
+    sequence_parallel_size: int | None = None  # Ulysses degree (dsgen.estimate.sequence_parallel)
+    tiled_mlp: bool | None = None  # DeepSpeed TiledMLP
+    tiled_loss: bool | None = None  # TiledFusedLogitsLoss / Liger fused linear cross-entropy
+    checkpoint_offload: bool | None = None  # checkpointed layer inputs in host RAM
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from dsgen.deepspeed_blocks import COSINE_MIN_RATIO, optimizer_block, scheduler_
 from dsgen.estimate.optimizers import client_optimizer_class, is_client_optimizer
 from dsgen.plan import Plan
 from dsgen.spec.types import Spec
+from dsgen.targets.long_context import check_target, long_context_notes
 
 #: TrainingArguments ``optim`` for the optimizers the training script builds itself.
 HF_CLIENT_OPTIM = {"adafactor": "adafactor", "adamw-8bit": "adamw_bnb_8bit"}
@@ -201,7 +202,8 @@ def script_notes(spec: Spec, plan: Plan, target: str, optimizer: dict[str, Any])
         )
     if plan.checkpointing == "full" and target in ("accelerate", "lightning", "deepspeed"):
         notes.append(
-            "enable gradient checkpointing: model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False})"
+            "enable gradient checkpointing: model.gradient_checkpointing_enable(gradient_checkpointing_kwargs="
+            f"{{'use_reentrant': {plan.long_context.checkpoint_offload}}})"  # the offload patches the reentrant one
         )
     if plan.checkpointing == "selective":
         notes.append(
@@ -227,6 +229,7 @@ def script_notes(spec: Spec, plan: Plan, target: str, optimizer: dict[str, Any])
     if target in ("accelerate", "lightning") and optimizer["type"] is None and named(spec, "training.scheduler"):
         s = spec.training.scheduler
         notes.append(f"build the {s.type} schedule (warmup {s.warmup_steps} of {s.total_steps} steps) in the script")
+    notes.extend(long_context_notes(spec, plan, target))  # Ulysses SP, TiledMLP, tiled loss, checkpoint offload
     if target == "accelerate" and optimizer["type"] is not None:
         # the config has DeepSpeed's scheduler exactly when the spec named one (scheduler_for)
         dummies = "DummyOptim and DummyScheduler" if named(spec, "training.scheduler") else "DummyOptim"
@@ -259,6 +262,7 @@ class TargetContext:
 
 
 def target_context(spec: Spec, plan: Plan, target: str, launcher: str) -> TargetContext:
+    check_target(plan, target)  # Ulysses SP needs a framework that passes DeepSpeed an mpu
     autos = auto_pointers(spec, plan, target)
     optimizer = optimizer_for(spec, plan, target, autos)
     kind = spec.training.optimizer.type

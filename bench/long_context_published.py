@@ -1,0 +1,116 @@
+"""dsgen against published long-context runs (issue 21): verdicts, the frontier, throughput.
+
+Reads bench/data/long_context_runs.yaml (each run with its source and a quote) and prints:
+
+1. Verdict agreement: every run's own settings pinned (stage, offloads, Ulysses degree, tiling,
+   checkpoint offload, checkpointing where stated), micro-batch 1, one sequence per data-parallel
+   rank; dsgen's solve says fits / does not fit, against what happened. Goal: >= 90 %.
+2. ``dsgen frontier`` for Llama-3.1-8B on 1, 8 and 32 H100 80GB (1.9 TB host RAM per node, as the
+   ALST runs had) against the paper's 500K, 3.7M and 15M. Goal: within x1.25.
+3. Predicted against published throughput where a source gives one (tokens/s, or iteration time).
+   Goal: median ratio within x1.5.
+
+Run: .venv/bin/python bench/long_context_published.py
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from dsgen.api import frontier_of, load_spec, solve_spec  # noqa: E402
+
+DATA = REPO / "bench" / "data" / "long_context_runs.yaml"
+VERDICT_GOAL, FRONTIER_GOAL, THROUGHPUT_GOAL = 0.90, 1.25, 1.5
+
+
+def spec_data(run: dict[str, Any], host_gib: float) -> dict[str, Any]:
+    gpus = run["gpus"]
+    per_node = min(gpus, 8)
+    sp = run["constraints"].get("sequence_parallel_size", 1)
+    return {
+        "model": {"preset": run["model"]},
+        "hardware": {
+            "gpu": "h100-80gb",
+            "gpus_per_node": per_node,
+            "nodes": gpus // per_node,
+            "cpu_memory_gib": run.get("host_gib", host_gib),
+        },
+        "training": {
+            "sequence_length": run["sequence_length"],
+            "global_batch_size": gpus // sp,  # one sequence per data-parallel rank
+            "attention": run.get("attention", "flash"),
+        },
+        # headroom 0, as bench/fit_accuracy.py: a run at its published limit used all of the GPU
+        "constraints": {"micro_batch_size": 1, "memory_headroom": 0.0, **run["constraints"]},
+    }
+
+
+def main() -> int:
+    corpus = yaml.safe_load(DATA.read_text())
+    host = corpus["host_gib"]
+    agree = 0
+    ratios: list[float] = []
+    print("1. verdicts (pinned settings)")
+    print(f"  {'run':<40} {'published':>9} {'dsgen':>6}  peak GPU   note")
+    for run in corpus["runs"]:
+        result = solve_spec(load_spec(spec_data(run, host)))
+        e = result.best if result.best is not None else result.closest
+        assert e is not None
+        verdict = "fits" if result.feasible else "oom"
+        agree += verdict == run["outcome"]
+        peak = e.memory.gpu.total / 2**30
+        note = "" if result.feasible else e.reason()
+        if "measured_peak_gib" in run:
+            note = f"published peak {run['measured_peak_gib']} GB; {note}"
+        if "tokens_per_s" in run and result.feasible:
+            ratio = e.tokens_per_s / run["tokens_per_s"]
+            ratios.append(ratio)
+            note += f" tokens/s {e.tokens_per_s:,.0f} vs {run['tokens_per_s']:,} published (x{ratio:.2f})"
+        mark = "" if verdict == run["outcome"] else "  <-- disagrees"
+        print(f"  {run['id']:<40} {run['outcome']:>9} {verdict:>6}  {peak:6.1f} GiB {note}{mark}")
+    share = agree / len(corpus["runs"])
+    print(
+        f"  agreement: {agree}/{len(corpus['runs'])} = {share:.0%} (goal >= {VERDICT_GOAL:.0%}): {'met' if share >= VERDICT_GOAL else 'NOT met'}"
+    )
+
+    print("\n2. frontier: Llama-3.1-8B on H100 80GB, 1.9 TB host RAM per node")
+    published = corpus["frontier"]["published"]
+    data = spec_data(
+        {"model": corpus["frontier"]["model"], "gpus": 8, "sequence_length": 131072, "constraints": {}}, host
+    )
+    data["constraints"] = {}  # the frontier searches everything, with dsgen's default headroom
+    spec = load_spec(data)
+    worst = 1.0
+    for point in frontier_of(spec, "sequence_length", sorted(published)):
+        want = published[point.gpus]
+        got = point.value or 0
+        factor = max(got / want, want / got) if got else float("inf")
+        worst = max(worst, factor)
+        plan = point.result.best.plan.describe() if point.result.best else "-"
+        print(f"  {point.gpus:>3} GPUs: dsgen {got:>11,}  published {want:>11,}  x{got / want:.2f}  ({plan})")
+    print(
+        f"  worst factor x{worst:.2f} (goal within x{FRONTIER_GOAL}): {'met' if worst <= FRONTIER_GOAL else 'NOT met'}"
+    )
+
+    print("\n3. throughput where published")
+    if ratios:
+        median = statistics.median(ratios)
+        factor = max(median, 1 / median)
+        print(
+            f"  {len(ratios)} run(s); median predicted/published x{median:.2f} (goal within x{THROUGHPUT_GOAL}): {'met' if factor <= THROUGHPUT_GOAL else 'NOT met'}"
+        )
+    else:
+        print("  no published throughput in the corpus")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,122 @@
+"""``dsgen frontier``: the largest sequence length (or micro-batch) a cluster trains, found by bisection over the solver.
+
+No closed formula: every probe is the solver's own feasibility question
+(:func:`dsgen.solver.fits_any`, which prices the leanest plan of each structure the search
+would try), and the point found is solved in full (:func:`dsgen.solver.solve`) for its plan,
+memory and step time. Feasibility falls as the value grows (more tokens hold more activations
+under every plan), which is what makes bisection sound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from dsgen.errors import DsgenError
+from dsgen.solver import SolveResult, fits_any, solve
+from dsgen.spec.types import Spec
+
+Over = Literal["sequence_length", "micro_batch_size"]
+OVER_CHOICES: tuple[Over, ...] = ("sequence_length", "micro_batch_size")
+
+#: The longest sequence searched (issue 21: the batch search stays fast up to 2**24 tokens).
+SEQUENCE_LIMIT = 1 << 24
+#: Sequence lengths are searched in multiples of this (and of a pinned Ulysses degree).
+SEQUENCE_GRANULE = 1024
+MICRO_BATCH_LIMIT = 1 << 16
+
+
+@dataclass(frozen=True)  # one per GPU count
+class FrontierPoint:
+    """The largest value that fits on one cluster size, and the solver's answer there."""
+
+    gpus: int
+    value: int | None  # None: not even the smallest value fits
+    result: SolveResult  # the full solve at ``value`` (at the smallest value when nothing fits)
+    at_limit: bool  # the search limit itself fits: the true frontier lies beyond it
+
+
+def spec_for_gpus(spec: Spec, gpus: int) -> Spec:
+    """``spec`` on ``gpus`` GPUs of its type: one node while they fit in one, else whole nodes."""
+    per_node = spec.hardware.gpus_per_node
+    if gpus <= per_node:
+        hardware = replace(spec.hardware, gpus_per_node=gpus, nodes=1)
+    elif gpus % per_node == 0:
+        hardware = replace(spec.hardware, nodes=gpus // per_node)
+    else:
+        raise DsgenError(
+            f"{gpus} GPUs is neither at most one node of {per_node} nor whole nodes",
+            path="--gpus",
+            hint=f"use counts up to {per_node} or multiples of {per_node} (hardware.gpus_per_node)",
+        )
+    return replace(spec, hardware=hardware)
+
+
+def _at(spec: Spec, over: Over, value: int) -> Spec:
+    """``spec`` with the searched key set to ``value``. The global batch is the spec's own
+    (rounded to the nearest split, with a note), one sequence per GPU when the spec gives
+    tokens per step; over micro-batches it is ``value`` per GPU."""
+    world = spec.hardware.world_size
+    training = spec.training
+    batch = training.global_batch_size or world
+    constraints = replace(spec.constraints, allow_batch_rounding="nearest")
+    if over == "sequence_length":
+        training = replace(training, sequence_length=value, global_batch_size=batch, tokens_per_step=None)
+    else:
+        training = replace(training, global_batch_size=value * world, tokens_per_step=None)
+        constraints = replace(constraints, micro_batch_size=value, gradient_accumulation_steps=None)
+    return replace(spec, training=training, constraints=constraints)
+
+
+def _fits(spec: Spec) -> bool:
+    try:
+        return fits_any(spec)
+    except DsgenError:  # e.g. a pinned degree that does not divide this length
+        return False
+
+
+def _granule(spec: Spec, over: Over) -> int:
+    if over == "micro_batch_size":
+        return 1
+    sp = spec.constraints.sequence_parallel_size or 1
+    return math.lcm(SEQUENCE_GRANULE, sp)
+
+
+def frontier_point(spec: Spec, over: Over = "sequence_length", lower: int = 0) -> FrontierPoint:
+    """The largest multiple of the granule up to the limit at which some plan fits.
+
+    ``lower``: a value known to fit (a smaller cluster's frontier), which narrows the bisection.
+    """
+    unit = _granule(spec, over)
+    limit = (SEQUENCE_LIMIT if over == "sequence_length" else MICRO_BATCH_LIMIT) // unit
+    low, high = min(lower // unit, limit), limit + 1  # fits(low * unit) (or low == 0); not fits(high * unit)
+    if low and not _fits(_at(spec, over, low * unit)):
+        low = 0  # the hint did not hold here: search the whole range
+    if _fits(_at(spec, over, limit * unit)):
+        low = limit
+    else:
+        high = limit
+        while high - low > 1:
+            middle = (low + high) // 2
+            if _fits(_at(spec, over, middle * unit)):
+                low = middle
+            else:
+                high = middle
+    value = low * unit if low else None
+    result = solve(_at(spec, over, value or unit))
+    return FrontierPoint(gpus=spec.hardware.world_size, value=value, result=result, at_limit=low == limit)
+
+
+def frontier(spec: Spec, over: Over = "sequence_length", gpus: list[int] | None = None) -> list[FrontierPoint]:
+    """One :class:`FrontierPoint` per GPU count (the spec's own cluster without ``gpus``), in
+    the order given. Counts are searched smallest first, so each starts from the last one's
+    frontier as a hint (checked before it is used)."""
+    counts = gpus or [spec.hardware.world_size]
+    points: dict[int, FrontierPoint] = {}
+    known = 0
+    for count in sorted(set(counts)):
+        point = frontier_point(spec_for_gpus(spec, count), over, lower=known)
+        points[count] = point
+        known = point.value or 0
+    return [points[count] for count in counts]

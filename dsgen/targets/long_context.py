@@ -1,0 +1,153 @@
+"""What a long-context plan adds to a bundle: Accelerate's SP settings and the calls no file can carry.
+
+Accelerate 1.15 reads Ulysses SP from its config file's ``parallelism_config`` block (keys
+``parallelism_config_sp_*``, which ``accelerate launch`` exports as ``PARALLELISM_CONFIG_SP_*``:
+``commands/launch.py`` and ``utils/launch.py`` ``prepare_extend_env_parallelism_config``), and an
+``Accelerator`` built without a ``ParallelismConfig`` reads those variables when
+``ACCELERATE_USE_PARALLELISM_CONFIG`` is true (``accelerator.py``; ``ParallelismConfig.__post_init__``,
+``DeepSpeedSequenceParallelConfig.__post_init__``). The HF Trainer builds its Accelerator that way
+unless ``TrainingArguments(parallelism_config=...)`` is given (``trainer.py``
+``create_accelerator_and_postprocess``), and then registers ``UlyssesSPAttentionHF``, wraps the
+data loader (``deepspeed_ulysses_dl_adapter``) and reduces the loss over the SP group
+(``deepspeed_sp_compute_loss``) itself. TiledMLP, the tiled loss and checkpoint offload are code
+in every case.
+"""
+
+from __future__ import annotations
+
+from dsgen.errors import DsgenError
+from dsgen.estimate.sequence_parallel import SP_COMMUNICATION_DTYPE, tiled_mlp_shards
+from dsgen.plan import Plan
+from dsgen.spec.types import Spec
+
+#: transformers' attn_implementation for each of the spec's attention kernels.
+HF_ATTENTION = {"flash": "flash_attention_2", "sdpa": "sdpa"}
+
+
+def check_target(plan: Plan, target: str) -> None:
+    """Refuse a Ulysses plan for a framework that cannot run it. Lightning's DeepSpeedStrategy calls
+    ``deepspeed.initialize`` without an ``mpu``, and without one DeepSpeed's sequence-parallel size is
+    1 (``utils/groups.py`` ``_get_sequence_parallel_world_size``), so gradients would not be averaged
+    over the SP group."""
+    if target == "lightning" and plan.sequence_parallel_size > 1:
+        raise DsgenError(
+            f"the plan uses Ulysses sequence parallelism (sequence_parallel_size {plan.sequence_parallel_size}), "
+            "which Lightning's DeepSpeedStrategy cannot start: it passes no mpu to deepspeed.initialize",
+            path="output.target",
+            hint="use --target hf-trainer, accelerate or deepspeed, or pin constraints.sequence_parallel_size: 1",
+        )
+
+
+def ds_config_keys(plan: Plan) -> dict[str, object]:
+    """Top-level DeepSpeed keys: ``sequence_parallel_size`` and the gradient-reduction dtype
+    the plan was priced with (DeepSpeed's default, written so the config says it)."""
+    if plan.sequence_parallel_size == 1:
+        return {}
+    return {
+        "sequence_parallel_size": plan.sequence_parallel_size,
+        "seq_parallel_communication_data_type": SP_COMMUNICATION_DTYPE,
+    }
+
+
+def accelerate_parallelism_config(spec: Spec, plan: Plan) -> dict[str, object]:
+    """The ``parallelism_config`` block of ``accelerate_config.yaml`` (empty without SP)."""
+    if plan.sequence_parallel_size == 1:
+        return {}
+    return {
+        "parallelism_config_sp_size": plan.sequence_parallel_size,
+        "parallelism_config_sp_backend": "deepspeed",
+        "parallelism_config_sp_seq_length": str(spec.training.sequence_length),
+        "parallelism_config_sp_seq_length_is_variable": False,
+        "parallelism_config_sp_attn_implementation": HF_ATTENTION[spec.training.attention],
+    }
+
+
+def sp_environment(spec: Spec, plan: Plan) -> dict[str, str]:
+    """The variables an Accelerator (the HF Trainer's too) builds its ParallelismConfig from."""
+    block = accelerate_parallelism_config(spec, plan)
+    if not block:
+        return {}
+    env = {"ACCELERATE_USE_PARALLELISM_CONFIG": "true"}
+    for key, value in block.items():
+        name = "PARALLELISM_CONFIG_" + key.removeprefix("parallelism_config_").upper()
+        env[name] = str(value)  # Accelerate compares the strings: "False" reads as false
+    return env
+
+
+def long_context_templates(spec: Spec, plan: Plan) -> dict[str, object]:
+    """The templates' ``long_context`` variable (docs/templates.md)."""
+    return {
+        "ds_keys": ds_config_keys(plan),
+        "accelerate": accelerate_parallelism_config(spec, plan),
+        "env": sp_environment(spec, plan),
+    }
+
+
+def long_context_notes(spec: Spec, plan: Plan, target: str) -> list[str]:
+    """The exact calls the training script needs for the plan's ALST choices."""
+    lc = plan.long_context
+    notes: list[str] = []
+    sp = lc.sequence_parallel_size
+    attn = HF_ATTENTION.get(spec.training.attention, spec.training.attention)
+    framework_sp = target in ("hf-trainer", "accelerate")
+    if sp > 1 and not framework_sp:
+        notes.append(
+            "register Ulysses SP before deepspeed.initialize: from deepspeed.runtime.sequence_parallel.ulysses_sp "
+            "import UlyssesSPAttentionHF, UlyssesSPDataLoaderAdapter; "
+            f"mpu = UlyssesSPAttentionHF.register_with_transformers(model_name_or_path=model, "
+            f'core_attn_implementation="{attn}", sequence_parallel_size={sp}, '
+            f"micro_batch_size={plan.micro_batch_size}, seq_length={spec.training.sequence_length}, "
+            "seq_length_is_variable=False); then deepspeed.initialize(..., mpu=mpu)"
+        )
+        notes.append(
+            "shard every batch over the SP group (batches must carry position_ids): "
+            "dl = UlyssesSPDataLoaderAdapter(dl, sp_rank=mpu.get_sequence_parallel_rank(), "
+            "sp_group=mpu.get_sequence_parallel_group(), sp_world_size=mpu.get_sequence_parallel_world_size(), "
+            "device=model.device)"
+        )
+        notes.append(
+            "reduce the loss over the SP group, weighted by each rank's tokens: "
+            "losses = torch.distributed.nn.functional.all_gather(loss, group=mpu.get_sequence_parallel_group()); "
+            "tokens = torch.distributed.nn.functional.all_gather((batch['shift_labels'] != -100).sum(), "
+            "group=mpu.get_sequence_parallel_group()); "
+            "loss = sum(l * t for l, t in zip(losses, tokens)) / max(sum(tokens), 1)"
+        )
+    elif sp > 1 and target == "accelerate":
+        notes.append(
+            "let Accelerate register Ulysses SP: accelerator.prepare(model, optimizer, dataloader) together "
+            "(or accelerator.deepspeed_ulysses_dl_adapter(dataloader, model) after prepare(model)); batches must carry "
+            "position_ids, and the loss must be reduced over the SP group weighted by tokens, as "
+            "transformers.integrations.deepspeed.deepspeed_sp_compute_loss does"
+        )
+    elif sp > 1:
+        notes.append(
+            "the Trainer turns SP on from the PARALLELISM_CONFIG_* variables launch.sh exports, or give "
+            "TrainingArguments(parallelism_config=accelerate.parallelism_config.ParallelismConfig("
+            f'sp_backend="deepspeed", sp_size={sp}, sp_handler=accelerate.utils.DeepSpeedSequenceParallelConfig('
+            f"sp_seq_length={spec.training.sequence_length}, sp_seq_length_is_variable=False, "
+            f'sp_attn_implementation="{attn}")))'
+        )
+    if lc.tiled_mlp:
+        shards = tiled_mlp_shards(spec.model, spec.training.sequence_length // sp)
+        notes.append(
+            "tile every MLP (DeepSpeed TiledMLP): wrap the MLP forward as "
+            "TiledMLP.apply(mlp_forward, self, x, num_shards, [p for p in self.parameters()]) with "
+            f"num_shards = math.ceil(x.shape[1] / {spec.model.hidden_size}) ({shards} here), "
+            "from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP, and patch it into the model's MLP class "
+            "(the TiledMLP docstring shows LlamaMLP.forward)"
+        )
+    if lc.tiled_loss:
+        notes.append(
+            "compute logits and loss in ~1 GiB fp32 tiles: "
+            "TiledFusedLogitsLoss.apply(loss_fn, model, hidden_states, shift_labels, None, "
+            "math.ceil(shift_labels.numel() * vocab_size * 4 / 2**30), [model.lm_head.weight], 'sum') "
+            "(deepspeed.runtime.sequence_parallel.ulysses_sp), or Liger's LigerFusedLinearCrossEntropyLoss"
+        )
+    if lc.checkpoint_offload:
+        notes.append(
+            "offload the checkpointed layer inputs to host RAM: "
+            "from arctic_training.monkey_patches import monkey_patch_checkpoint_function_with_cpu_offload; "
+            "monkey_patch_checkpoint_function_with_cpu_offload(), with "
+            "gradient_checkpointing_kwargs={'use_reentrant': True} (the patch replaces the reentrant CheckpointFunction)"
+        )
+    return notes
