@@ -107,7 +107,9 @@ def test_more_gpu_memory_never_gives_a_slower_plan(data: dict[str, Any]) -> None
 @given(data=specs())
 def test_no_pinned_micro_batch_beats_the_free_choice(data: dict[str, Any]) -> None:
     """The search's pruning must never hide a faster split: pinning each micro-batch in turn (a
-    search with nothing to prune across splits) finds nothing the free search missed."""
+    search with nothing to prune across splits) finds nothing the free search missed. A pinned
+    split that fits only with the long-context tricks is not a miss: those join the search only
+    when no plain plan fits (they need training-script changes), and the free search had one."""
     spec = _build(data)
     assume(spec.constraints.micro_batch_size is None and spec.constraints.gradient_accumulation_steps is None)
     free = solve_spec(spec)
@@ -115,8 +117,8 @@ def test_no_pinned_micro_batch_beats_the_free_choice(data: dict[str, Any]) -> No
     per_rank = resolve_global_batch(spec, dp).sequences // dp
     for micro in (m for m in range(1, per_rank + 1) if per_rank % m == 0):
         pinned = solve_spec(replace(spec, constraints=replace(spec.constraints, micro_batch_size=micro)))
-        if pinned.feasible:
-            assert free.feasible and free.best is not None and pinned.best is not None
+        if pinned.feasible and pinned.best is not None and not pinned.best.plan.long_context.active:
+            assert free.feasible and free.best is not None
             limit = pinned.best.step.total_s * (1 + STEP_TIME_TIE_BAND) + 1e-12  # the tie rule
             assert free.best.step.total_s <= limit, (micro, free.best.plan)
 
