@@ -64,7 +64,10 @@ def main() -> int:
         result = solve_spec(load_spec(spec_data(run, host)))
         e = result.best if result.best is not None else result.closest
         assert e is not None
-        verdict = "fits" if result.feasible else "oom"
+        # dsgen's own verdict (what solve prints); tight and host-oom count as not fitting, as
+        # bench/fit_accuracy.py counts them
+        fit = result.fit
+        verdict = "fits" if fit is not None and fit.verdict == "fits" else "oom"
         agree += verdict == run["outcome"]
         peak = e.memory.gpu.total / 2**30
         note = "" if result.feasible else e.reason()
