@@ -44,7 +44,8 @@ def _degrees(model: ModelShape, world: int, sequence_length: int, attention: str
 def long_context_choices(spec: Spec, sp: int, checkpointing: Checkpointing, search: bool = False) -> list[LongContext]:
     """Every combination of the three tricks the spec allows at Ulysses degree ``sp``, fewest
     tricks first (so a subset is always priced before its supersets). TiledMLP needs a dense MLP;
-    checkpoint offload needs whole-layer checkpointing. ``search=False``: ``auto`` means off."""
+    checkpoint offload needs whole-layer checkpointing; with Liger's fused loss there is no
+    logits tensor left to tile. ``search=False``: ``auto`` means off."""
     c = spec.constraints
     auto = [False, True] if search else [False]
     options = {
@@ -54,6 +55,8 @@ def long_context_choices(spec: Spec, sp: int, checkpointing: Checkpointing, sear
     }
     if spec.model.is_moe:
         options["tiled_mlp"] = [False]
+    if spec.training.liger_kernel:  # Liger's fused linear cross-entropy already tiles the loss
+        options["tiled_loss"] = [False]
     if checkpointing != "full":
         options["checkpoint_offload"] = [v for v in options["checkpoint_offload"] if not v]
     choices = [

@@ -9,7 +9,7 @@ from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
 from dsgen.plan import Plan, plan_dict
 from dsgen.solver import Evaluation, SolveResult, gib
 from dsgen.spec.types import Spec
-from dsgen.targets.long_context import long_context_notes
+from dsgen.targets.long_context import liger_note, long_context_notes
 from dsgen.text_table import text_table
 from dsgen.units import GIB
 from dsgen.verdict import SAFE_LINE
@@ -204,6 +204,8 @@ def script_requirements(spec: Spec, plan: Plan) -> str:
             f"build the optimizer and pass it to deepspeed.initialize(optimizer={client_optimizer_class(optimizer)}"
             f"(model.parameters(), lr={optimizer.lr:g}, ...)) (the config has no optimizer block)"
         )
+    if spec.training.liger_kernel:
+        needs.append(liger_note(spec, plan, "deepspeed"))
     if plan.zero_stage == 3:
         needs.append(
             "build the model under deepspeed.zero.Init (the HF Trainer does this for ZeRO-3 configs) so no rank holds the full model"

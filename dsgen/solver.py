@@ -9,6 +9,7 @@ predicted within ``STEP_TIME_TIE_BAND`` of each other are ties, and ties go to t
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from functools import partial
 from itertools import takewhile
@@ -119,7 +120,7 @@ class SolveResult:
     candidates_evaluated: int
     fully_pinned: bool
     offload_alternatives: tuple[tuple[str, Evaluation, str], ...] = ()  # (offload choice, its best plan, reason)
-    batch_note: str | None = None  # set when the global batch was rounded
+    batch_note: str | None = None  # set when the global batch was rounded or needs Ulysses SP
     accounting: Accounting = "dsgen"
 
     @property
@@ -280,6 +281,35 @@ def resolve_global_batch(spec: Spec, dp: int) -> BatchTarget:
         hint=f"nearest global batches that can: {shown} (multiples of {unit}); "
         "or set constraints.allow_batch_rounding: nearest",
     )
+
+
+def global_batch_target(spec: Spec) -> BatchTarget:
+    """The global batch, met over world / SP data-parallel ranks. With the Ulysses degree left to
+    the solver, a batch with fewer sequences than GPUs (one million-token sequence on 8 GPUs),
+    which data parallelism alone cannot spread, is met at the smallest degree whose data-parallel
+    size divides it, and the long-context search prices it; otherwise (or when no degree does)
+    the error is the one for the plain data-parallel split, with its nearest batches."""
+    world = spec.hardware.world_size
+    try:
+        return resolve_global_batch(spec, world // sequence_parallel_degrees(spec)[0])
+    except DsgenError:
+        if spec.constraints.sequence_parallel_size is not None or not _long_context_searchable(spec):
+            raise
+        requested = (
+            spec.training.global_batch_size or (spec.training.tokens_per_step or 0) / spec.training.sequence_length
+        )
+        if requested >= world:
+            raise
+        for sp in sequence_parallel_degrees(spec, search=True)[1:]:
+            with suppress(DsgenError):
+                target = resolve_global_batch(spec, world // sp)
+                return replace(
+                    target,
+                    note=f"{target.sequences} sequence{'s' if target.sequences != 1 else ''} per step cannot occupy "
+                    f"{world} GPUs by data parallelism; "
+                    f"only plans with Ulysses SP {sp} or more meet the batch",
+                )
+        raise
 
 
 def _batch_splits(spec: Spec, dp: int, global_batch: int) -> list[tuple[int, int]]:
@@ -702,8 +732,7 @@ def fits_any(spec: Spec) -> bool:
     without checkpoint offload, which trades GPU memory for host RAM), the smallest micro-batch
     and the leanest knobs. Only memory is priced, leanest structures (ZeRO-3, offload) first.
     """
-    dp = spec.hardware.world_size // sequence_parallel_degrees(spec)[0]
-    global_batch = resolve_global_batch(spec, dp).sequences
+    global_batch = global_batch_target(spec).sequences
     search = _long_context_searchable(spec)
     splits_by_sp = _splits_by_degree(spec, global_batch, search)
     degrees = [d for d in sequence_parallel_degrees(spec, search) if splits_by_sp[d]]
@@ -746,6 +775,9 @@ def _splits_by_degree(spec: Spec, global_batch: int, long_search: bool) -> dict[
     degrees = sequence_parallel_degrees(spec, long_search)
     splits: dict[int, list[tuple[int, int]]] = {}
     for sp in degrees:
+        if global_batch % (world // sp):  # met at a larger degree (global_batch_target)
+            splits[sp] = []
+            continue
         try:
             splits[sp] = _batch_splits(spec, world // sp, global_batch)
         except DsgenError:
@@ -794,8 +826,7 @@ def solve(spec: Spec, accounting: Accounting = "dsgen") -> SolveResult:
 
     ``accounting="deepspeed-estimator"`` prices model states with DeepSpeed's own estimator
     instead of dsgen's (see :func:`dsgen.estimate.memory.estimate_memory`)."""
-    dp = spec.hardware.world_size // sequence_parallel_degrees(spec)[0]
-    target = resolve_global_batch(spec, dp)
+    target = global_batch_target(spec)
     evaluations, evaluated = _search(spec, target.sequences, accounting)
     if not any(e.feasible for e in evaluations) and _long_context_searchable(spec):
         # ALST needs training-script changes no config carries (launch.sh lists them), so its

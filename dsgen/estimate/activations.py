@@ -28,6 +28,11 @@ from dsgen.units import FP32
 
 INT64 = 8
 
+#: Families whose Liger-Kernel patch (``liger_kernel/transformers/monkey_patch.py``:
+#: ``apply_liger_kernel_to_llama`` / ``_mistral`` / ``_qwen2`` / ``_qwen3``) swaps RMSNorm, the
+#: gated MLP, RoPE and the loss for its Triton kernels and keeps the layer layout inventoried here.
+LIGER_FAMILIES: frozenset[str] = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
 
 @dataclass(frozen=True)  # one per candidate plan
 class ActivationEstimate:
@@ -48,6 +53,20 @@ def _rmsnorm_fp32_upcast(h: int, e: int, consumer_saves_output: bool = True) -> 
     normalised value cast back (saved by the weight multiply) and, usually, the output saved by
     the next linear. In fp32 the casts are no-ops but the same number of storages remain."""
     return FP32 * h + FP32 + e * h + (e * h if consumer_saves_output else 0)
+
+
+def _liger_rmsnorm(width: int, rows: int, e: int, output_saved: bool) -> int:
+    """``LigerRMSNormFunction`` (``liger_kernel/ops/rms_norm.py``) saves its input ``X`` and the
+    fp32 ``RSTD`` per row, no fp32 copy nor normalised value; its output is saved only by a
+    consuming linear. The input is a storage of its own except a checkpointed layer's input
+    (see :func:`estimate_activations`)."""
+    return e * width + FP32 * rows + (e * width if output_saved else 0)
+
+
+def _liger_swiglu(e: int, f: int) -> int:
+    """``LigerSiLUMulFunction`` (``liger_kernel/ops/swiglu.py``) saves the gate and up outputs and
+    recomputes the SiLU in backward; down_proj saves the product: ``3·e·f`` against ``4·e·f``."""
+    return 3 * e * f
 
 
 def _gemma_rmsnorm(h: int, e: int, consumer_saves_output: bool) -> int:
@@ -126,7 +145,9 @@ def _attention_core(
     return linear, quadratic
 
 
-def _llama_like(shape: ModelShape, e: int, attention: str, micro_batch: int, selective: bool) -> tuple[int, int]:
+def _llama_like(
+    shape: ModelShape, e: int, attention: str, micro_batch: int, selective: bool, liger: bool = False
+) -> tuple[int, int]:
     """llama, mistral, qwen2, mixtral and phi3: two RMSNorms, attention, gated MLP (or MoE block).
 
     Gated MLP: gate output (saved by SiLU), SiLU output and up output (saved by their product),
@@ -140,11 +161,17 @@ def _llama_like(shape: ModelShape, e: int, attention: str, micro_batch: int, sel
     copy of a token: its gathered input ``e·h``, the gate/up output ``2·e·f``, the SiLU output and
     the product ``2·e·f``, the down output saved by the weighting multiply ``e·h``, the fp32
     weight ``4``, three int64 index vectors (gather, weight gather, scatter) ``24``.
+
+    ``liger``: Liger's RMSNorm and SwiGLU (:func:`_liger_rmsnorm`, :func:`_liger_swiglu`); its
+    RoPE rotates q and k in place (``LigerRopeFunction`` saves only cos and sin), so attention
+    saves the same q and k storages as with transformers' rotary.
     """
     h, f = shape.hidden_size, shape.intermediate_size
     attn_lin, attn_quad = _attention_core(
         shape, e, attention, micro_batch, output_copy=shape.family == "phi3", selective=selective
     )
+    if liger:
+        return 2 * _liger_rmsnorm(h, 1, e, True) + attn_lin + _liger_swiglu(e, f), attn_quad
     norms = 2 * _rmsnorm_fp32_upcast(h, e)
     if shape.family == "phi3":
         norms += 2 * _dropout_mask(h, shape.dropout)  # resid_attn_dropout, resid_mlp_dropout
@@ -309,7 +336,7 @@ def _moe_block(shape: ModelShape, e: int) -> int:
 
 
 def _modern(
-    shape: ModelShape, e: int, attention: str, micro_batch: int, selective: bool, moe: bool, s: int
+    shape: ModelShape, e: int, attention: str, micro_batch: int, selective: bool, moe: bool, s: int, liger: bool = False
 ) -> tuple[int, int]:
     """A decoder layer of today's families, term by term from its traits (see docs/memory-model.md).
 
@@ -319,8 +346,20 @@ def _modern(
     (OLMo 2), their rotary outputs are the q and k attention saves. Attention: MLA, gpt_oss's eager
     attention with sinks (the logits concatenated with one sink column per head: int64 max indices
     and a 16-bit softmax over s + 1 columns), or the standard core. MLP: dense gated (or plain
-    GELU) MLP, or the MoE block for MoE layers."""
+    GELU) MLP, or the MoE block for MoE layers.
+
+    ``liger`` (dense Qwen3): Liger's RMSNorm for the two pre-norms and the q/k norms (the q/k
+    norms' input, the projection output, becomes a saved storage; their output is what Liger's
+    in-place RoPE rotates and attention saves), and Liger's SwiGLU."""
     h, fp32w = shape.hidden_size, shape.family in _FP32_WEIGHT_NORM
+    if liger:
+        attn_lin, attn_quad = _attention_core(shape, e, attention, micro_batch, selective=selective)
+        if shape.qk_norm != "none":
+            per_head = shape.qk_norm == "head"
+            nq, nkv = (shape.num_attention_heads, shape.num_key_value_heads) if per_head else (1, 1)
+            attn_lin += _liger_rmsnorm(shape.q_size, nq, e, False) + _liger_rmsnorm(shape.kv_size, nkv, e, False)
+        norms = shape.norms_per_layer * _liger_rmsnorm(h, 1, e, True)
+        return norms + attn_lin + _liger_swiglu(e, shape.intermediate_size), attn_quad
     if shape.family in _POST_NORM:
         norms = 2 * _norm(h, 1, e, fp32w, False) + 2 * e * h
     elif shape.norms_per_layer == 4:
@@ -373,7 +412,9 @@ def _sliding_sdpa_extra(shape: ModelShape, e: int, attention: str, b: int, s: in
 
 
 @lru_cache(maxsize=1024)
-def _per_layer(shape: ModelShape, e: int, attention: str, micro_batch: int, selective: bool = False) -> tuple[int, int]:
+def _per_layer(
+    shape: ModelShape, e: int, attention: str, micro_batch: int, selective: bool = False, liger: bool = False
+) -> tuple[int, int]:
     family = shape.family
     if family == "gemma2":
         return _gemma2(shape, e, attention, micro_batch, selective)
@@ -383,12 +424,46 @@ def _per_layer(shape: ModelShape, e: int, attention: str, micro_batch: int, sele
         return _gpt_neox(shape, e, attention, micro_batch, selective)
     if family == "bert":
         return _bert(shape, e, attention, micro_batch, selective)
-    return _llama_like(shape, e, attention, micro_batch, selective)
+    return _llama_like(shape, e, attention, micro_batch, selective, liger)
+
+
+def _liger_loss(shape: ModelShape, e: int) -> int:
+    """Per token, what Liger's fused linear cross-entropy leaves for backward in place of the
+    final norm's output, the shifted labels and the fp32 log-softmax
+    (``LigerFusedLinearCrossEntropyFunction.forward`` computes the input's gradient chunk by chunk
+    inside forward and saves ``grad_input``; its whole-vocabulary ``grad_weight`` is
+    :func:`liger_loss_weight_gradient`): the token ids, the final norm's input and fp32 rstd, and
+    the input's gradient."""
+    return INT64 + _liger_rmsnorm(shape.hidden_size, 1, e, False) + e * shape.hidden_size
+
+
+def liger_loss_weight_gradient(shape: ModelShape, e: int) -> int:
+    """``grad_weight``: Liger's fused loss accumulates the LM head's gradient (``zeros_like(weight)``,
+    the weight's dtype) in forward and keeps it until backward hands it on."""
+    return shape.vocab_size * shape.hidden_size * e
+
+
+def liger_loss_transient(shape: ModelShape, e: int, tokens: int) -> int:
+    """The logits chunk Liger's fused loss forms (its gradient is written in place):
+    ``chunk_size = next_power_of_2(ceil(BT / ceil(V / H)))`` rows of ``V`` logits in the input's
+    dtype, about ``BT·H`` elements (``fused_linear_cross_entropy_forward``), and the fp32 per-token
+    loss ``loss_1d``."""
+    inc_factor = -(-shape.vocab_size // shape.hidden_size)
+    rows = -(-tokens // inc_factor)
+    chunk = min(tokens, 1 << (rows - 1).bit_length())
+    return chunk * shape.vocab_size * e + FP32 * tokens
 
 
 @lru_cache(maxsize=4096)
 def _outside_layers(
-    shape: ModelShape, e: int, attention: str, checkpointing: bool, b: int, s: int, selective: bool = False
+    shape: ModelShape,
+    e: int,
+    attention: str,
+    checkpointing: bool,
+    b: int,
+    s: int,
+    selective: bool = False,
+    liger: bool = False,
 ) -> int:
     """Bytes (for the whole micro-batch) saved outside the transformer layers.
 
@@ -420,10 +495,13 @@ def _outside_layers(
     elif shape.family == "gemma2":
         per_token = ids + _gemma_rmsnorm(h, e, True) + e * v + loss  # + the soft-capped logits' tanh output
         per_position = 2 * e * shape.head_dim
+    elif liger:
+        per_token = _liger_loss(shape, e)
+        per_position = 2 * e * shape.head_dim
     else:
         per_token = ids + _rmsnorm_fp32_upcast(h, e) + loss
         per_position = 2 * e * shape.head_dim
-    total = tokens * per_token + s * per_position
+    total = tokens * per_token + s * per_position + (liger_loss_weight_gradient(shape, e) if liger else 0)
     if checkpointing or selective:
         if shape.family != "gpt2":  # (BERT returned above)
             total += s * INT64  # position ids passed to every layer (decoders: on to attention too)
@@ -442,23 +520,27 @@ def estimate_activations(
     attention: str,
     checkpointing: bool,
     selective: bool = False,
+    liger: bool = False,
 ) -> ActivationEstimate:
     """Saved activations of one micro-batch (see module docstring).
 
     ``checkpointing``: every layer under ``torch.utils.checkpoint`` (only its input is kept).
     ``selective`` (ignored with ``checkpointing``): only the attention function is recomputed.
+    ``liger``: the model runs Liger-Kernel's kernels and fused loss (:data:`LIGER_FAMILIES`). A
+    rebuilt layer's first Liger norm saves the layer's input, which is the checkpoint itself.
     """
     b, s, e = micro_batch_size, sequence_length, dtype_bytes
     selective = selective and not checkpointing
+    liger = liger and shape.family in LIGER_FAMILIES and not shape.is_moe
     if shape.family in TRAIT_FAMILIES or _has_modern_traits(shape):
-        return _estimate_modern(shape, b, s, e, attention, checkpointing, selective)
-    linear, quadratic = _per_layer(shape, e, attention, b)
+        return _estimate_modern(shape, b, s, e, attention, checkpointing, selective, liger)
+    linear, quadratic = _per_layer(shape, e, attention, b, liger=liger)
     per_layer = b * s * (linear + quadratic * s)
     if checkpointing:
         layers = shape.num_layers * b * s * e * shape.hidden_size  # each layer's input only
-        rebuilt = per_layer
+        rebuilt = per_layer - (b * s * e * shape.hidden_size if liger else 0)
     elif selective:
-        kept_linear, _ = _per_layer(shape, e, attention, b, selective=True)
+        kept_linear, _ = _per_layer(shape, e, attention, b, selective=True, liger=liger)
         kept = b * s * kept_linear
         layers = shape.num_layers * kept
         rebuilt = per_layer - kept  # one layer's attention internals, rebuilt in its backward
@@ -466,7 +548,7 @@ def estimate_activations(
     else:
         layers = shape.num_layers * per_layer
         rebuilt = 0
-    outside = _outside_layers(shape, e, attention, checkpointing, b, s, selective)
+    outside = _outside_layers(shape, e, attention, checkpointing, b, s, selective, liger)
     return ActivationEstimate(
         per_layer=per_layer,
         layers=layers,
@@ -476,7 +558,7 @@ def estimate_activations(
 
 
 def _estimate_modern(
-    shape: ModelShape, b: int, s: int, e: int, attention: str, checkpointing: bool, selective: bool
+    shape: ModelShape, b: int, s: int, e: int, attention: str, checkpointing: bool, selective: bool, liger: bool
 ) -> ActivationEstimate:
     """:func:`estimate_activations` for today's decoders: dense and MoE layers differ, and so may
     sliding-window layers under sdpa; the largest layer is the one rebuilt in backward."""
@@ -485,16 +567,16 @@ def _estimate_modern(
     kinds = [(count, moe) for count, moe in ((dense_layers, False), (moe_layers, True)) if count]
     full = {
         moe: b * s * (lin + quad * s)
-        for moe, (lin, quad) in ((m, _modern(shape, e, attention, b, False, m, s)) for _, m in kinds)
+        for moe, (lin, quad) in ((m, _modern(shape, e, attention, b, False, m, s, liger)) for _, m in kinds)
     }
     sliding = _sliding_sdpa_extra(shape, e, attention, b, s, False)
     largest = max(full.values()) + (sliding // shape.num_layers if sliding else 0)
     if checkpointing:
         layers = shape.num_layers * b * s * e * shape.hidden_size
-        rebuilt = largest
+        rebuilt = largest - (b * s * e * shape.hidden_size if liger else 0)
         per_layer = largest
     elif selective:
-        kept = {moe: b * s * _modern(shape, e, attention, b, True, moe, s)[0] for _, moe in kinds}
+        kept = {moe: b * s * _modern(shape, e, attention, b, True, moe, s, liger)[0] for _, moe in kinds}
         layers = sum(count * kept[moe] for count, moe in kinds)
         rebuilt = max(full[moe] - kept[moe] for _, moe in kinds)
         per_layer = max(kept.values())
@@ -502,12 +584,12 @@ def _estimate_modern(
         layers = sum(count * full[moe] for count, moe in kinds) + sliding
         rebuilt = 0
         per_layer = largest
-    outside = _outside_modern(shape, e, attention, checkpointing, b, s, selective)
+    outside = _outside_modern(shape, e, attention, checkpointing, b, s, selective, liger)
     return ActivationEstimate(per_layer=per_layer, layers=layers, outside_layers=outside, recompute_working_set=rebuilt)
 
 
 def _outside_modern(
-    shape: ModelShape, e: int, attention: str, checkpointing: bool, b: int, s: int, selective: bool
+    shape: ModelShape, e: int, attention: str, checkpointing: bool, b: int, s: int, selective: bool, liger: bool
 ) -> int:
     """Outside the layers: token ids and shifted labels, the final norm (its output saved by the
     LM head), the fp32 log-softmax of the loss; per position the rotary cos/sin (fp32 for the OLMo
@@ -516,14 +598,14 @@ def _outside_modern(
     held by the checkpoints' recompute closures."""
     h, v, tokens = shape.hidden_size, shape.vocab_size, b * s
     fp32w = shape.family in _FP32_WEIGHT_NORM
-    per_token = 2 * INT64 + _norm(h, 1, e, fp32w, True) + FP32 * v
+    per_token = _liger_loss(shape, e) if liger else 2 * INT64 + _norm(h, 1, e, fp32w, True) + FP32 * v
     if shape.is_mla:  # DeepSeek-V3's interleaved rope: fp32 cos/sin over half the rope width
         per_position = 2 * FP32 * (shape.qk_rope_head_dim // 2)
     else:
         per_position = 2 * (FP32 if shape.family in _POST_NORM else e) * shape.head_dim
         if shape.family in _LOCAL_ROPE and 0 < shape.sliding_window_layers < shape.num_layers:
             per_position *= 2  # a second rotary table for the sliding-window layers
-    total = tokens * per_token + s * per_position
+    total = tokens * per_token + s * per_position + (liger_loss_weight_gradient(shape, e) if liger else 0)
     if checkpointing or selective:
         total += s * INT64
         if attention == "eager":

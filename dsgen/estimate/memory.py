@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from dsgen.catalog.model_shape import ModelShape
-from dsgen.estimate.activations import estimate_activations
+from dsgen.estimate.activations import estimate_activations, liger_loss_transient
 from dsgen.estimate.model_states import ModelStates, model_states
 from dsgen.estimate.optimizers import step_temporary_bytes
 from dsgen.estimate.sequence_parallel import long_context_memory
@@ -145,10 +145,13 @@ def transient_bytes(shape: ModelShape, plan: Plan, training: Training, recompute
     """The largest short-lived allocation of a step beyond saved activations.
 
     Loss backward: the 16-bit logits the model returned stay alive while the fp32 gradient of the
-    log-softmax and of its input are formed. Checkpointed backward: one layer's activations are
-    rebuilt. The two happen at different moments, so the larger one counts.
+    log-softmax and of its input are formed (with Liger's fused loss: one logits chunk in forward,
+    :func:`liger_loss_transient`). Checkpointed backward: one layer's activations are rebuilt. The
+    two happen at different moments, so the larger one counts.
     """
     tokens = plan.micro_batch_size * training.sequence_length
+    if training.liger_kernel:
+        return max(liger_loss_transient(shape, plan.dtype_bytes, tokens), recompute_working_set)
     logits = tokens * shape.vocab_size * (plan.dtype_bytes + 2 * FP32)
     return max(logits, recompute_working_set)
 
@@ -261,6 +264,7 @@ def estimate_memory(
         attention=training.attention,
         checkpointing=plan.checkpointing == "full",
         selective=plan.checkpointing == "selective",
+        liger=training.liger_kernel,
     )
     buffers = buffer_bytes(shape, plan)
     transient = transient_bytes(shape, plan, training, acts.recompute_working_set)

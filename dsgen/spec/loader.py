@@ -159,6 +159,7 @@ class _SpecBuilder:
         constraints = self.constraints(data.get("constraints", {}), hardware)
         self.check_client_optimizer(training, constraints)
         self.check_long_context(model, hardware, training, constraints)
+        self.check_liger(model, training, constraints)
         output = Output(**_given(data.get("output", {}), "target", "path", "launcher"))
         key_lines = tuple(
             (".".join(str(part) for part in path), line)
@@ -340,6 +341,7 @@ class _SpecBuilder:
                 "precision",
                 "gradient_clipping",
                 "mfu",
+                "liger_kernel",
                 floats=("gradient_clipping",),
             ),
         )
@@ -401,6 +403,29 @@ class _SpecBuilder:
                 ("constraints", "tiled_mlp"),
                 f"{model.name} is a mixture of experts; TiledMLP tiles a dense MLP's forward",
                 hint="use tiled_mlp: false or auto",
+            )
+
+    def check_liger(self, model: ModelShape, training: Training, constraints: Constraints) -> None:
+        """Liger-Kernel is modelled where its patch keeps the HF layer layout dsgen inventories
+        (dsgen.estimate.activations.LIGER_FAMILIES); its fused linear cross-entropy is already a
+        tiled loss, so DeepSpeed's TiledFusedLogitsLoss cannot be pinned beside it."""
+        from dsgen.estimate.activations import LIGER_FAMILIES
+
+        if not training.liger_kernel:
+            return
+        if model.family not in LIGER_FAMILIES or model.is_moe:
+            raise self.fail(
+                ("training", "liger_kernel"),
+                f"Liger-Kernel's memory is modelled for dense {', '.join(sorted(LIGER_FAMILIES))} models, "
+                f"not {model.family}{' (mixture of experts)' if model.is_moe else ''}",
+                hint="use liger_kernel: false",
+            )
+        if constraints.tiled_loss:
+            raise self.fail(
+                ("constraints", "tiled_loss"),
+                "liger_kernel already computes the loss tile by tile (LigerFusedLinearCrossEntropyLoss); "
+                "tiled_loss would replace it with DeepSpeed's TiledFusedLogitsLoss",
+                hint="use tiled_loss: auto or false with liger_kernel: true",
             )
 
     def constraints(self, block: dict[str, Any], hardware: Hardware) -> Constraints:

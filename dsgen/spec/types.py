@@ -83,6 +83,7 @@ class Training:
     tokens_per_step: int | None = None  # ... or tokens per step: exactly one is set
     precision: PrecisionChoice = spec_default("training.precision")
     attention: str = spec_default("training.attention")
+    liger_kernel: bool = spec_default("training.liger_kernel")  # Liger-Kernel's fused kernels and loss
     gradient_clipping: float = spec_default("training.gradient_clipping")
     mfu: float | None = None
     optimizer: Optimizer = Optimizer()

@@ -83,6 +83,20 @@ def long_context_templates(spec: Spec, plan: Plan) -> dict[str, object]:
     }
 
 
+def liger_note(spec: Spec, plan: Plan, target: str) -> str:
+    """How the model gets Liger-Kernel's kernels (memory was sized for them). Under TiledMLP the
+    MLP stays transformers' (Liger's SwiGLU off), as ArcticTraining's LigerModelFactory does."""
+    swiglu = "" if not plan.long_context.tiled_mlp else " (swiglu off: TiledMLP patches the MLP)"
+    if target == "hf-trainer":
+        return f"pip install liger-kernel: training_args.json's use_liger_kernel makes the Trainer apply it{swiglu}"
+    keyword = "swiglu=False" if plan.long_context.tiled_mlp else ""
+    return (
+        "pip install liger-kernel and patch the model class before from_pretrained: "
+        f"from liger_kernel.transformers import apply_liger_kernel_to_{spec.model.family}; "
+        f"apply_liger_kernel_to_{spec.model.family}({keyword}){swiglu}"
+    )
+
+
 def long_context_notes(spec: Spec, plan: Plan, target: str) -> list[str]:
     """The exact calls the training script needs for the plan's ALST choices."""
     lc = plan.long_context
