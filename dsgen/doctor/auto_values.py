@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dsgen.doctor.keys import MISSING, get, is_auto, with_changes
+from dsgen.doctor.parallelism import check_parallelism_config
 from dsgen.errors import DsgenError
 
 # TrainingArguments defaults for the fields the DeepSpeed integration reads
@@ -62,7 +63,8 @@ class Resolved:
 
 
 def load_training_args(path: str | Path) -> dict[str, Any]:
-    """Read Trainer arguments from JSON (``TrainingArguments`` field names, as in ``to_json_string``)."""
+    """Read Trainer arguments from JSON (``TrainingArguments`` field names, as in ``to_json_string``);
+    ``parallelism_config`` is an object of accelerate ``ParallelismConfig`` fields (dsgen.doctor.parallelism)."""
     file = Path(path)
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
@@ -79,6 +81,7 @@ def load_training_args(path: str | Path) -> dict[str, Any]:
     for key in ("per_device_train_batch_size", "gradient_accumulation_steps"):
         if key in data and data[key] < 1:
             raise DsgenError(f"{file}: {key} must be at least 1, got {data[key]}")
+    check_parallelism_config(data.get("parallelism_config"), str(file))
     return data
 
 

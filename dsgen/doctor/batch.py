@@ -45,10 +45,16 @@ class Parallel:
         return max(1, self.world_size // (self.sequence_parallel * self.tensor_parallel * self.pipeline_parallel))
 
 
-def parallel_of(config: Mapping[str, Any], world_size: int) -> Parallel:
+def parallel_of(config: Mapping[str, Any], world_size: int, trainer_sp: int | None = None) -> Parallel:
+    """The layout the config states; a Trainer ``parallelism_config.sp_size`` above 1 replaces the
+    config's ``sequence_parallel_size``: accelerate then builds the mpu with it
+    (``Accelerator._prepare_deepspeed``: ``UlyssesSPAttentionHF.register_with_transformers``) and
+    ``DeepSpeedConfig.__init__`` divides the world by ``mpu.get_sequence_parallel_world_size()``
+    without reading the config's key. At sp_size 1 there is no mpu and the config's key divides."""
+    config_sp = max(1, _int(config.get("sequence_parallel_size")) or 1)
     return Parallel(
         world_size=world_size,
-        sequence_parallel=max(1, _int(config.get("sequence_parallel_size")) or 1),
+        sequence_parallel=trainer_sp if trainer_sp is not None and trainer_sp > 1 else config_sp,
         tensor_parallel=max(1, _int(get(config, "tensor_parallel.autotp_size", 1)) or 1),
         pipeline_parallel=max(1, _int(get(config, "pipeline.stages", 1)) or 1),
     )

@@ -19,6 +19,7 @@ from dsgen.doctor.fixes import Fix, find_fixes
 from dsgen.doctor.keys import with_changes
 from dsgen.doctor.oom_match import OomReading, read_oom
 from dsgen.doctor.oom_message import OomMessage, parse_oom
+from dsgen.doctor.parallelism import sp_disagreement, trainer_sp_size
 from dsgen.errors import DsgenError, ExitCode
 from dsgen.estimate.sequence_parallel import sp_violation
 from dsgen.plan import Plan
@@ -272,7 +273,19 @@ def _resolve(config: dict[str, Any], spec: Spec, world: int, trainer_args: Mappi
                 f'"auto" values the Trainer fills later and the prediction does not need: {", ".join(resolved.unresolved)}',
             )
         )
-    parallel = parallel_of(resolved.config, world)
+    trainer_sp = trainer_sp_size(trainer_args)
+    parallel = parallel_of(resolved.config, world, trainer_sp)
+    disagreement = sp_disagreement(resolved.config, trainer_sp)
+    if disagreement:
+        findings.append(
+            DoctorFinding(
+                "error",
+                "sequence-parallel-mismatch",
+                disagreement,
+                "give the same degree in both: sequence_parallel_size in the DeepSpeed config and "
+                "parallelism_config.sp_size in the training arguments",
+            )
+        )
     if parallel.sequence_parallel > 1:  # DeepSpeed's Ulysses rules, each naming where it raises
         training = spec.training
         why = sp_violation(spec.model, parallel.sequence_parallel, world, training.sequence_length, training.attention)
@@ -526,7 +539,7 @@ def _fixes(
             world_size=world,
             hidden_size=spec.model.hidden_size,
         )
-        parallel = parallel_of(resolved.config, world)
+        parallel = parallel_of(resolved.config, world, trainer_sp_size(trainer_args))
         derived = derive(resolved.config, parallel)
         # DeepSpeed must end up with exactly this split, so the global batch is kept
         same_split = derived.micro_batch_size == micro and derived.gradient_accumulation_steps == accum

@@ -335,12 +335,14 @@ def _type_issue(value: Any, schema: dict[str, Any], pointer: str, checked: bool,
     if _numeric_string(value) and ("integer" in kinds or "number" in kinds):
         number = float(value)
         shown = int(number) if number == int(number) and "integer" in kinds else number
+        # Only pydantic turns "8" into 8; a checked key DeepSpeedConfig reads itself (the batch keys,
+        # sequence_parallel_size) reaches its arithmetic as a string and raises TypeError.
         return _issue_with_hint(
             "number-as-string",
             pointer,
             f"{name} is the string {json.dumps(value)}, not a number",
             f"write it without quotes: {shown}",
-            config_phase,
+            checked and not (pydantic and coerced),
         )
     hint = None
     if isinstance(value, str) and value.strip().lower() in ("true", "false") and "boolean" in kinds:

@@ -151,7 +151,16 @@ def _replay(ctx: Context, values: dict[str, Any], world: float | int, any_world:
 
 
 def _world_text(ctx: Context, world: float | int) -> str:
+    sp = whole(ctx.config.get("sequence_parallel_size"))
+    if sp is not None and sp > 1:
+        # DeepSpeedConfig.__init__ (runtime/config.py): world_size = dist.get_world_size() / sequence_parallel_size
+        return f"data-parallel size {world}, i.e. {_times(world, sp)} ranks / sequence_parallel_size {sp}"
     return f"data-parallel size {world}"
+
+
+def _times(world: float | int, sp: int) -> str:
+    ranks = world * sp
+    return str(int(ranks)) if float(ranks).is_integer() else str(ranks)
 
 
 _BASE = (

@@ -179,6 +179,17 @@ def _autoep_folding_conflicts(ctx: Context, ep: dict, autotp: int) -> list[tuple
                 "set tensor_parallel.autotp_size to 1 or disable async_split_plan",
             )
         )
+    sp = whole(ctx.config.get("sequence_parallel_size"))
+    if sp is not None and sp > 1:
+        # module_inject/auto_ep_folding.py validate_folding_global
+        problems.append(
+            (
+                "/sequence_parallel_size",
+                "tensor_parallel.autotp_size and Ulysses sequence parallelism are mutually exclusive for AutoEP "
+                f"folding (autotp_size={autotp}, sp_size={sp})",
+                "use sequence_parallel_size 1 with AutoEP+AutoTP, or tensor_parallel.autotp_size 1",
+            )
+        )
     if ep.get("combine_impl") == "fused_weighted_sum":
         problems.append(
             (
@@ -196,11 +207,12 @@ def _autoep_folding_conflicts(ctx: Context, ep: dict, autotp: int) -> list[tuple
     "error",
     "engine",
     "AutoEP with AutoTP (autotp_size > 1) and autoep_size 1, DeepCompile, a pipeline, offload, "
-    "use_data_before_expert_parallelism, async_split_plan or fused_weighted_sum; AutoEP with ZeRO-3 plus "
-    "quantized gradients or hpZ; or an autoep_size that does not divide --world-size.",
+    "use_data_before_expert_parallelism, async_split_plan, fused_weighted_sum or sequence_parallel_size > 1; "
+    "AutoEP with ZeRO-3 plus quantized gradients, hpZ or sequence_parallel_size > 1; or an autoep_size that "
+    "does not divide --world-size.",
     "validate_autoep_config / validate_folding_global / _validate_zero3_moe_compatibility raise at engine start. "
-    "AutoEP+AutoTP folding itself is supported (autoep_size > 1); Ulysses sequence parallelism with it is "
-    "rejected too, but that size is not in the config.",
+    "AutoEP+AutoTP folding itself is supported (autoep_size > 1). The Ulysses checks use the mpu's SP size, "
+    "which the config's sequence_parallel_size states.",
     since="0.19",
 )
 def autoep_conflict(ctx: Context) -> None:
@@ -219,6 +231,15 @@ def autoep_conflict(ctx: Context) -> None:
                 pointer,
                 "AutoEP with ZeRO Stage 3 does not support zero_quantized_gradients yet.",
                 "disable zero_quantized_gradients",
+            )
+        sp = whole(ctx.config.get("sequence_parallel_size"))
+        if sp is not None and sp > 1:
+            # runtime/engine.py DeepSpeedEngine._validate_zero3_moe_compatibility
+            ctx.emit(
+                "autoep-conflict",
+                "/sequence_parallel_size",
+                f"AutoEP with ZeRO Stage 3 does not support sequence parallelism yet (sequence_parallel_size={sp}).",
+                "use ZeRO stage 1 or 2 with AutoEP and Ulysses SP, or sequence_parallel_size 1",
             )
         hpz = whole(ctx.zero.get("zero_hpz_partition_size"))
         if hpz is not None and hpz > 1:
