@@ -21,6 +21,28 @@ from pathlib import Path
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
+def patch_gloo_all_to_all() -> None:
+    """CPU test machine only. ``torch.distributed.nn.functional._AlltoAll`` (the backward of the
+    ``all_gather`` that the SP loss reduction runs) emulates all_to_all on gloo with
+    ``dist.scatter(..., i, group=group)``, passing the group rank ``i`` as a global source rank;
+    an SP group that does not contain rank ``i`` (ranks 2 and 3 of 4) raises "Global rank 0 is
+    not part of group". NCCL runs ``dist.all_to_all`` and never takes that path; here the same
+    scatter is made with ``group_src=i``."""
+    import torch.distributed as dist
+    from torch.distributed.nn import functional as dist_fn
+
+    def forward(ctx, group, out_tensor_list, *tensors):  # type: ignore[no-untyped-def]
+        ctx.group = group
+        ctx.input_tensor_size_list = [tensors[i].size() for i in range(dist.get_world_size(group=group))]
+        my_rank = dist.get_rank(group=group)
+        tensors = tuple(t.contiguous() for t in tensors)
+        for i in range(dist.get_world_size(group=group)):
+            dist.scatter(out_tensor_list[i], list(tensors) if i == my_rank else None, group=group, group_src=i)
+        return tuple(out_tensor_list)
+
+    dist_fn._AlltoAll.forward = staticmethod(forward)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model-config", type=Path, required=True)
@@ -49,6 +71,7 @@ def main() -> int:
     import deepspeed
 
     deepspeed.comm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+    patch_gloo_all_to_all()
     config = LlamaConfig(**json.loads(cli.model_config.read_text()), use_cache=False, attn_implementation="sdpa")
     model = LlamaForCausalLM(config)
     samples = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size * cli.max_steps

@@ -28,7 +28,8 @@ SP_HANDLER = {
     "sp_seq_length_is_variable": False,
     "sp_attn_implementation": "flash_attention_2",
 }
-PC = {"sp_size": 4, "sp_backend": "deepspeed", "sp_handler": SP_HANDLER}
+# 8 GPUs / SP 4 = 2 data-parallel ranks, which Accelerate multiplies into train_batch_size
+PC = {"dp_shard_size": 2, "sp_size": 4, "sp_backend": "deepspeed", "sp_handler": SP_HANDLER}
 ARGS = {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 4, "bf16": True, "parallelism_config": PC}
 # a concrete batch DeepSpeed accepts on 8 ranks with SP 4: 1 x 4 x (8 / 4)
 CONFIG = {
@@ -140,6 +141,22 @@ def test_trainer_sp_enters_batch_and_memory_model() -> None:
     assert "sequence-parallel-mismatch" not in {f.code for f in with_args.findings}
 
 
+def test_a_parallelism_config_without_the_data_parallel_size_fails_deepspeeds_batch_check() -> None:
+    """Accelerator._prepare_deepspeed sets train_batch_size = micro x accumulation x
+    (dp_replicate_size x dp_shard_size) under the DeepSpeed SP backend; DeepSpeed asserts it
+    against 8 / 4 = 2 ranks. Left at 1, a real 4-rank SP 2 run stops with DeepSpeed's
+    "train_batch_size is not equal to ... 2 != 1 * 2 * 2.0" (tests/test_long_context_targets.py)."""
+    spec = load_spec(SPEC)
+    pc = {k: v for k, v in PC.items() if k != "dp_shard_size"}
+    d = diagnose(CONFIG, spec, trainer_args={**ARGS, "parallelism_config": pc})
+    (finding,) = [f for f in d.findings if f.code == "sequence-parallel-data-parallel"]
+    assert "dp_shard_size to 2" in (finding.hint or "")
+    assert not d.batch.ok
+    assert d.batch.train_batch_size == 1 * 4 * 1
+    assert _accelerate_parallelism(pc).data_parallel_size == 1  # accelerate's own default
+    assert _accelerate_parallelism(PC).data_parallel_size == 2
+
+
 def test_disagreeing_sp_degrees_are_an_error() -> None:
     spec = load_spec(SPEC)
     d = diagnose({**CONFIG, "sequence_parallel_size": 2}, spec, trainer_args=ARGS)
@@ -192,6 +209,7 @@ def test_round_trip_dsgen_hf_trainer_bundle(
         monkeypatch.setenv(name, value)
     pc = ParallelismConfig()
     block = {
+        "dp_shard_size": pc.dp_shard_size,
         "sp_size": pc.sp_size,
         "sp_backend": pc.sp_backend,
         "sp_handler": {
@@ -203,4 +221,6 @@ def test_round_trip_dsgen_hf_trainer_bundle(
     path = _write(tmp_path, {**json.loads((out / "training_args.json").read_text()), "parallelism_config": block})
     d = diagnose(config, spec, trainer_args=load_training_args(path))
     assert d.parallel.sequence_parallel == degree == pc.sp_size
+    assert pc.data_parallel_size == 8 // degree  # launch.sh states the data-parallel ranks
     assert "sequence-parallel-mismatch" not in {f.code for f in d.findings}
+    assert d.batch.ok, d.batch.error

@@ -105,9 +105,12 @@ def _free_port() -> int:
 
 
 @pytest.mark.deepspeed
-def test_hf_trainer_sp2_bundle_trains_two_steps(tmp_path: Path) -> None:
-    """The acceptance run: the hf-trainer files with SP = 2, started by their launch.sh on 2 CPU
-    ranks (gloo), train a tiny Llama for 2 optimizer steps with a finite loss."""
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_hf_trainer_sp2_bundle_trains_two_steps(tmp_path: Path, ranks: int) -> None:
+    """The acceptance run: the hf-trainer files with SP = 2, started by their launch.sh on CPU ranks
+    (gloo), train a tiny Llama for 2 optimizer steps with a finite loss. On 4 ranks SP 2 leaves 2
+    data-parallel ranks: Accelerate then rewrites train_batch_size from its ParallelismConfig's
+    data-parallel size (``Accelerator._prepare_deepspeed``), which launch.sh must state."""
     require_module("transformers")
     require_module("accelerate")
     from tests import ds_oracle
@@ -117,13 +120,13 @@ def test_hf_trainer_sp2_bundle_trains_two_steps(tmp_path: Path) -> None:
     pins = "  zero_stage: 2\n  offload_optimizer: none\n  activation_checkpointing: false\n  micro_batch_size: 1\n  sequence_parallel_size: 2"
     spec_file = tmp_path / "spec.yaml"
     spec_file.write_text(
-        TINY_SPEC.format(config=config, optimizer="adamw", constraints=pins).replace(
-            "global_batch_size: 8", "global_batch_size: 2"
-        )
+        TINY_SPEC.format(config=config, optimizer="adamw", constraints=pins)
+        .replace("global_batch_size: 8", f"global_batch_size: {ranks}")
+        .replace("gpus_per_node: 2", f"gpus_per_node: {ranks}")
     )
     spec = load_spec(spec_file)
     plan = solve_spec(spec).best.plan  # type: ignore[union-attr]
-    assert plan.sequence_parallel_size == 2 and plan.batch_parallel_size == 1
+    assert plan.sequence_parallel_size == 2 and plan.batch_parallel_size == ranks // 2
     bundle = render_bundle(spec, plan, "hf-trainer", "torchrun")
     dest = tmp_path / "run"
     dest.mkdir()

@@ -19,7 +19,7 @@ from dsgen.doctor.fixes import Fix, find_fixes
 from dsgen.doctor.keys import with_changes
 from dsgen.doctor.oom_match import OomReading, read_oom
 from dsgen.doctor.oom_message import OomMessage, parse_oom
-from dsgen.doctor.parallelism import sp_disagreement, trainer_sp_size
+from dsgen.doctor.parallelism import accelerate_data_parallel_size, sp_disagreement, trainer_sp_size
 from dsgen.errors import DsgenError, ExitCode
 from dsgen.estimate.sequence_parallel import sp_violation
 from dsgen.plan import Plan
@@ -274,6 +274,9 @@ def _resolve(config: dict[str, Any], spec: Spec, world: int, trainer_args: Mappi
             )
         )
     trainer_sp = trainer_sp_size(trainer_args)
+    if trainer_sp is not None and trainer_sp > 1:
+        resolved, rewrite = _accelerate_batch_rewrite(resolved, trainer_args, world // trainer_sp)
+        findings.extend(rewrite)
     parallel = parallel_of(resolved.config, world, trainer_sp)
     disagreement = sp_disagreement(resolved.config, trainer_sp)
     if disagreement:
@@ -294,6 +297,36 @@ def _resolve(config: dict[str, Any], spec: Spec, world: int, trainer_args: Mappi
                 DoctorFinding("error", "sequence-parallel", why, "choose a sequence_parallel_size that satisfies it")
             )
     return _Resolution(resolved, assumptions, parallel, derive(resolved.config, parallel), tuple(findings))
+
+
+def _accelerate_batch_rewrite(
+    resolved: Resolved, trainer_args: Mapping[str, Any] | None, data_parallel: int
+) -> tuple[Resolved, list[DoctorFinding]]:
+    """With the DeepSpeed SP backend Accelerate sets ``train_batch_size`` last, as micro x
+    accumulation x its ParallelismConfig's data-parallel size (``Accelerator._prepare_deepspeed``),
+    while DeepSpeed asserts it against world / SP ranks: a data-parallel size left at 1 under
+    fewer SP ranks than GPUs fails there."""
+    config = resolved.config
+    micro, accum = config.get("train_micro_batch_size_per_gpu"), config.get("gradient_accumulation_steps", 1)
+    if not isinstance(micro, int) or not isinstance(accum, int):
+        return resolved, []
+    dp = accelerate_data_parallel_size(trainer_args)
+    findings = []
+    if dp != data_parallel:
+        findings.append(
+            DoctorFinding(
+                "error",
+                "sequence-parallel-data-parallel",
+                f"Accelerate rewrites train_batch_size to micro {micro} x accumulation {accum} x its "
+                f"ParallelismConfig data-parallel size {dp} (dp_replicate_size x dp_shard_size; "
+                "Accelerator._prepare_deepspeed), but DeepSpeed asserts it against "
+                f"{data_parallel} data-parallel ranks (GPUs / sp_size)",
+                f"set parallelism_config.dp_shard_size to {data_parallel} in the training arguments "
+                f"(PARALLELISM_CONFIG_DP_SHARD_SIZE={data_parallel})",
+            )
+        )
+    rewritten = with_changes(config, {"train_batch_size": micro * accum * dp})
+    return replace(resolved, config=rewritten), findings
 
 
 def _validate(config: dict[str, Any], spec: Spec, r: _Resolution) -> _Validation:
@@ -539,7 +572,10 @@ def _fixes(
             world_size=world,
             hidden_size=spec.model.hidden_size,
         )
-        parallel = parallel_of(resolved.config, world, trainer_sp_size(trainer_args))
+        trainer_sp = trainer_sp_size(trainer_args)
+        if trainer_sp is not None and trainer_sp > 1:
+            resolved, _ = _accelerate_batch_rewrite(resolved, args, world // trainer_sp)
+        parallel = parallel_of(resolved.config, world, trainer_sp)
         derived = derive(resolved.config, parallel)
         # DeepSpeed must end up with exactly this split, so the global batch is kept
         same_split = derived.micro_batch_size == micro and derived.gradient_accumulation_steps == accum

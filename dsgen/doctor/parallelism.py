@@ -11,6 +11,7 @@ The checks here are the ones those constructors make (``ParallelismConfig.__post
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -121,3 +122,17 @@ def sp_disagreement(config: Mapping[str, Any], trainer_sp: int | None) -> str | 
         f"but the config's sequence_parallel_size is {config_sp}: DeepSpeedConfig.__init__ still divides the "
         f"batch world size by it (runtime/config.py, no mpu) while no rank shards the sequence"
     )
+
+
+def accelerate_data_parallel_size(trainer_args: Mapping[str, Any] | None) -> int:
+    """``ParallelismConfig.data_parallel_size``: ``dp_replicate_size x dp_shard_size``, each 1
+    when the training arguments leave it out (its ``__post_init__`` default; a ``null`` would be
+    read from ``PARALLELISM_CONFIG_DP_*``, which the doctor cannot see, and counts as 1 too)."""
+    block = (trainer_args or {}).get("parallelism_config")
+    if not isinstance(block, Mapping):
+        return 1
+    sizes: list[int] = []
+    for key in ("dp_replicate_size", "dp_shard_size"):
+        size = block.get(key)
+        sizes.append(size if isinstance(size, int) and not isinstance(size, bool) else 1)
+    return math.prod(sizes)

@@ -50,10 +50,18 @@ def ds_config_keys(plan: Plan) -> dict[str, object]:
 
 
 def accelerate_parallelism_config(spec: Spec, plan: Plan) -> dict[str, object]:
-    """The ``parallelism_config`` block of ``accelerate_config.yaml`` (empty without SP)."""
+    """The ``parallelism_config`` block of ``accelerate_config.yaml`` (empty without SP).
+
+    ``dp_shard_size`` is the plan's data-parallel size (GPUs / SP): with the DeepSpeed SP backend
+    Accelerate rewrites ``train_batch_size`` as micro x accumulation x ``dp_replicate_size x
+    dp_shard_size`` (``Accelerator._prepare_deepspeed``), and DeepSpeed then asserts it against
+    micro x accumulation x world / SP; left at its default of 1, every plan with fewer SP ranks
+    than GPUs stops at "train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step *
+    world_size" (Hugging Face's ALST example config sets it the same way)."""
     if plan.sequence_parallel_size == 1:
         return {}
     return {
+        "parallelism_config_dp_shard_size": plan.batch_parallel_size,
         "parallelism_config_sp_size": plan.sequence_parallel_size,
         "parallelism_config_sp_backend": "deepspeed",
         "parallelism_config_sp_seq_length": str(spec.training.sequence_length),
@@ -137,7 +145,8 @@ def long_context_notes(spec: Spec, plan: Plan, target: str) -> list[str]:
         notes.append(
             "the Trainer turns SP on from the PARALLELISM_CONFIG_* variables launch.sh exports, or give "
             "TrainingArguments(parallelism_config=accelerate.parallelism_config.ParallelismConfig("
-            f'sp_backend="deepspeed", sp_size={sp}, sp_handler=accelerate.utils.DeepSpeedSequenceParallelConfig('
+            f'dp_shard_size={plan.batch_parallel_size}, sp_backend="deepspeed", sp_size={sp}, '
+            "sp_handler=accelerate.utils.DeepSpeedSequenceParallelConfig("
             f"sp_seq_length={spec.training.sequence_length}, sp_seq_length_is_variable=False, "
             f'sp_attn_implementation="{attn}")))'
         )
