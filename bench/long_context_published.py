@@ -41,7 +41,7 @@ def spec_data(run: dict[str, Any], host_gib: float) -> dict[str, Any]:
     return {
         "model": {"preset": run["model"]},
         "hardware": {
-            "gpu": "h100-80gb",
+            "gpu": run.get("gpu", "h100-80gb"),
             "gpus_per_node": per_node,
             "nodes": gpus // per_node,
             "cpu_memory_gib": run.get("host_gib", host_gib),
@@ -60,11 +60,14 @@ def spec_data(run: dict[str, Any], host_gib: float) -> dict[str, Any]:
 def main() -> int:
     corpus = yaml.safe_load(DATA.read_text())
     host = corpus["host_gib"]
-    agree = 0
+    agree = {False: 0, True: 0}  # by heldout
+    counted = {False: 0, True: 0}
+    peaks: list[float] = []
     ratios: list[float] = []
-    print("1. verdicts (pinned settings)")
-    print(f"  {'run':<40} {'published':>9} {'dsgen':>6}  peak GPU   note")
+    print("1. verdicts (pinned settings); * = held out (first priced after the model was written)")
+    print(f"  {'run':<46} {'published':>9} {'dsgen':>6}  peak GPU   note")
     for run in corpus["runs"]:
+        heldout = bool(run.get("heldout"))
         spec = load_spec(spec_data(run, host))
         result = solve_spec(spec)
         shown = result.best if result.best is not None else result.closest
@@ -76,21 +79,33 @@ def main() -> int:
         # dsgen's own verdict of that plan (what solve prints for it); tight and host-oom count as
         # not fitting, as bench/fit_accuracy.py counts them
         verdict = "fits" if e.fit.verdict == "fits" else "oom"
-        agree += verdict == run["outcome"]
+        agree[heldout] += verdict == run["outcome"]
+        counted[heldout] += 1
         peak = e.memory.gpu.total / 2**30
-        note = "" if e.feasible else e.reason()
+        note = f"{e.fit.verdict} at {e.fit.fill:.0%}; " + ("" if e.feasible else e.reason())
         if "measured_peak_gib" in run:
-            note = f"published peak {run['measured_peak_gib']} GB; {note}"
+            peaks.append(peak / run["measured_peak_gib"])
+            note = f"measured {run['measured_peak_gib']} GB (x{peaks[-1]:.2f}); {note}"
         if "tokens_per_s" in run and e.feasible:
             ratio = e.tokens_per_s / run["tokens_per_s"]
             ratios.append(ratio)
             note += f" tokens/s {e.tokens_per_s:,.0f} vs {run['tokens_per_s']:,} published (x{ratio:.2f})"
         mark = "" if verdict == run["outcome"] else "  <-- disagrees"
-        print(f"  {run['id']:<40} {run['outcome']:>9} {verdict:>6}  {peak:6.1f} GiB {note}{mark}")
-    share = agree / len(corpus["runs"])
-    print(
-        f"  agreement: {agree}/{len(corpus['runs'])} = {share:.0%} (goal >= {VERDICT_GOAL:.0%}): {'met' if share >= VERDICT_GOAL else 'NOT met'}"
-    )
+        name = ("* " if heldout else "  ") + run["id"]
+        print(f"  {name:<46} {run['outcome']:>9} {verdict:>6}  {peak:6.1f} GiB {note}{mark}")
+    for heldout, label in ((False, "the runs the model was built beside"), (True, "held out")):
+        share = agree[heldout] / counted[heldout]
+        print(
+            f"  agreement, {label}: {agree[heldout]}/{counted[heldout]} = {share:.0%} "
+            f"(goal >= {VERDICT_GOAL:.0%}): {'met' if share >= VERDICT_GOAL else 'NOT met'}"
+        )
+    total = sum(agree.values()) / sum(counted.values())
+    print(f"  agreement, all: {sum(agree.values())}/{sum(counted.values())} = {total:.0%}")
+    if peaks:
+        print(
+            f"  predicted / measured peak, {len(peaks)} runs with a published figure: median x{statistics.median(peaks):.2f}, "
+            f"range x{min(peaks):.2f}-x{max(peaks):.2f}"
+        )
 
     print(
         "\n2. frontier: Llama-3.1-8B on H100 80GB, 1.9 TB host RAM per node"
