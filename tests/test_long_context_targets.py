@@ -105,6 +105,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.deepspeed
+@pytest.mark.slow
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_hf_trainer_sp2_bundle_trains_two_steps(tmp_path: Path, ranks: int) -> None:
     """The acceptance run: the hf-trainer files with SP = 2, started by their launch.sh on CPU ranks
