@@ -198,3 +198,22 @@ def test_a_batch_of_at_least_one_sequence_per_gpu_keeps_the_batch_error() -> Non
     with pytest.raises(DsgenError) as caught:
         solve_spec(spec_of(seq=4096, batch=12, liger=False))
     assert "cannot be split evenly over 8 data-parallel GPUs" in caught.value.render()
+
+
+def test_sweeps_vary_liger_kernel(tmp_path, capsys) -> None:
+    """A sweep over training.liger_kernel prices each run with and without Liger's kernels."""
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(
+        f"base: {EXAMPLES_DIR / 'llama-3.1-8b-128k-8xh100.yaml'}\n"
+        'name: "liger-{{ training.liger_kernel }}"\n'
+        "grid:\n  training.liger_kernel: [false, true]\n"
+    )
+    out = tmp_path / "out"
+    assert run_cli(["sweep", str(sweep), "-o", str(out)], capsys).exit_code == 0
+    rows = {row["vars"]["training.liger_kernel"]: row for row in map(json.loads, (out / "manifest.jsonl").open())}
+    assert rows[True]["status"] == rows[False]["status"] == "ok"
+    assert rows[True]["tiled_loss"] is False  # Liger's fused loss, not TiledFusedLogitsLoss
+    # without Liger the 131K-token sequence needs Ulysses; with Liger's loss (no logits) a plain
+    # ZeRO plan fits, and the search for long-context tricks never starts
+    assert rows[False]["sequence_parallel_size"] > 1
+    assert rows[True]["sequence_parallel_size"] == 1
