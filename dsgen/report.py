@@ -247,7 +247,8 @@ def human_summary(result: SolveResult) -> str:
     for note in (*spec.notes, *([result.batch_note] if result.batch_note else [])):
         lines.append(f"note      {note}")
     lines += [
-        f"model     {spec.model.name} ({format_count(spec.model.parameter_count())} parameters)",
+        f"model     {spec.model.name} ({format_count(spec.model.parameter_count())} parameters)"
+        + (", Liger-Kernel" if spec.training.liger_kernel else ""),
         f"hardware  {spec.hardware.nodes} x {spec.hardware.gpus_per_node} x {spec.hardware.gpu.name}",
         f"plan      {p.describe()}",
         f"batch     {p.global_batch_size} = micro {p.micro_batch_size} x accumulation "
