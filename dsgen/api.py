@@ -195,15 +195,17 @@ def build_bundle(
 
     ``allow_tight``: when no plan fits below the safe line, take the fastest "tight" one (below
     GPU capacity, above the line; dsgen.verdict) rather than raising InfeasibleError."""
+    from dataclasses import replace
+
     from dsgen.solver import require_feasible
     from dsgen.targets.bundle import resolve
 
     spec = load_spec(path, overrides)
     chosen, how = resolve(spec, target, launcher)  # a bad choice fails before the solver runs
+    if chosen != spec.output.target:  # the target's training loop is part of what is priced
+        spec = replace(spec, output=replace(spec.output, target=chosen))
     result = solve_spec(spec, accounting)
     if allow_tight and not result.feasible and not result.fully_pinned:
-        from dataclasses import replace
-
         # below capacity is what a tight plan must meet: search again with no headroom
         relaxed = replace(spec, constraints=replace(spec.constraints, memory_headroom=0.0))
         tight = solve_spec(relaxed, accounting)

@@ -303,6 +303,8 @@ def global_batch_target(spec: Spec) -> BatchTarget:
         for sp in sequence_parallel_degrees(spec, search=True)[1:]:
             with suppress(DsgenError):
                 target = resolve_global_batch(spec, world // sp)
+                if not _batch_splits(spec, world // sp, target.sequences):  # a pinned split that misses
+                    continue
                 return replace(
                     target,
                     note=f"{target.sequences} sequence{'s' if target.sequences != 1 else ''} per step cannot occupy "
@@ -464,7 +466,9 @@ def _with_zeropp(knobs: ZeroKnobs, zeropp: str, gpus_per_node: int) -> ZeroKnobs
 def evaluate(spec: Spec, plan: Plan, accounting: Accounting = "dsgen") -> Evaluation:
     """Price one plan against the spec's hardware (``accounting``: see ``estimate_memory``)."""
     hardware = spec.hardware
-    memory = estimate_memory(spec.model, plan, hardware, spec.training, accounting)
+    memory = estimate_memory(
+        spec.model, plan, hardware, spec.training, accounting, logits_released=spec.output.logits_released
+    )
     step = estimate_step_time(spec.model, plan, hardware, spec.training)
     usable_gpu, usable_cpu = _usable_bytes(spec)
     return Evaluation(
@@ -748,7 +752,9 @@ def fits_any(spec: Spec) -> bool:
             for long_context in lean:
                 st = replace(base, long_context=long_context)
                 plan = _plan(st, precision, knobs, micro, accum, spec.hardware.world_size)
-                memory = estimate_memory(spec.model, plan, spec.hardware, spec.training)
+                memory = estimate_memory(
+                    spec.model, plan, spec.hardware, spec.training, logits_released=spec.output.logits_released
+                )
                 if (
                     memory.gpu.total <= usable_gpu
                     and memory.cpu.total <= usable_cpu

@@ -217,3 +217,18 @@ def test_sweeps_vary_liger_kernel(tmp_path, capsys) -> None:
     # ZeRO plan fits, and the search for long-context tricks never starts
     assert rows[False]["sequence_parallel_size"] > 1
     assert rows[True]["sequence_parallel_size"] == 1
+
+
+def test_a_pinned_micro_batch_the_sp_fallback_cannot_meet_keeps_the_batch_error() -> None:
+    """One sequence on 2 GPUs with micro-batch 2 pinned: no Ulysses degree splits it either, so
+    the answer is the plain batch error (found by the hostile-input property test)."""
+    text = (
+        "model: {preset: qwen2.5-0.5b}\n"
+        "hardware: {gpu: h100-80gb, gpus_per_node: 1, nodes: 2, cpu_memory_gib: 1024}\n"
+        "training: {sequence_length: 512, global_batch_size: 1}\n"
+        "constraints: {micro_batch_size: 2}\n"
+    )
+    with pytest.raises(DsgenError) as caught:
+        solve_spec(load_spec_text(text))
+    assert caught.value.exit_code == ExitCode.BAD_INPUT
+    assert "cannot be split evenly over 2 data-parallel GPUs" in caught.value.render()

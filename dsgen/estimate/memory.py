@@ -141,19 +141,28 @@ def buffer_bytes(shape: ModelShape, plan: Plan) -> int:
     return reduce + gathered + secondary
 
 
-def transient_bytes(shape: ModelShape, plan: Plan, training: Training, recompute_working_set: int) -> int:
+def transient_bytes(
+    shape: ModelShape, plan: Plan, training: Training, recompute_working_set: int, logits_released: bool = False
+) -> int:
     """The largest short-lived allocation of a step beyond saved activations.
 
-    Loss backward: the 16-bit logits the model returned stay alive while the fp32 gradient of the
-    log-softmax and of its input are formed (with Liger's fused loss: one logits chunk in forward,
+    Loss backward: the fp32 gradients of the log-softmax and of its input are formed
+    (:func:`loss_backward_bytes`; with Liger's fused loss: one logits chunk in forward,
     :func:`liger_loss_transient`). Checkpointed backward: one layer's activations are rebuilt. The
     two happen at different moments, so the larger one counts.
     """
     tokens = plan.micro_batch_size * training.sequence_length
     if training.liger_kernel:
         return max(liger_loss_transient(shape, plan.dtype_bytes, tokens), recompute_working_set)
-    logits = tokens * shape.vocab_size * (plan.dtype_bytes + 2 * FP32)
-    return max(logits, recompute_working_set)
+    return max(loss_backward_bytes(shape, plan.dtype_bytes, tokens, logits_released), recompute_working_set)
+
+
+def loss_backward_bytes(shape: ModelShape, dtype_bytes: int, tokens: int, logits_released: bool) -> int:
+    """Beyond the saved fp32 log-softmax, the loss backward holds its fp32 output gradient and
+    its input gradient (``ForCausalLMLoss`` upcasts the logits), and, when the loop still holds
+    the model's output (``out = model(...); engine.backward(out.loss)``), the 16-bit logits. The
+    HF Trainer's ``compute_loss`` returns the loss alone, so they are freed before backward."""
+    return tokens * shape.vocab_size * ((0 if logits_released else dtype_bytes) + 2 * FP32)
 
 
 def optimizer_step_temporary(states: ModelStates, plan: Plan, optimizer: Optimizer) -> int:
@@ -238,9 +247,18 @@ def estimator_model_states(
 
 
 def estimate_memory(
-    shape: ModelShape, plan: Plan, hardware: Hardware, training: Training, accounting: Accounting = "dsgen"
+    shape: ModelShape,
+    plan: Plan,
+    hardware: Hardware,
+    training: Training,
+    accounting: Accounting = "dsgen",
+    *,
+    logits_released: bool = False,
 ) -> MemoryEstimate:
     """Predict the memory of ``plan`` (pure function of its inputs).
+
+    ``logits_released``: the training loop drops the model's returned output (and its 16-bit
+    logits) before backward, as the HF Trainer does (:attr:`dsgen.spec.types.Output.logits_released`).
 
     ``accounting="deepspeed-estimator"`` replaces the model-state terms (GPU parameters, gradients,
     optimizer states and the host's model states) with DeepSpeed's own
@@ -267,9 +285,9 @@ def estimate_memory(
         liger=training.liger_kernel,
     )
     buffers = buffer_bytes(shape, plan)
-    transient = transient_bytes(shape, plan, training, acts.recompute_working_set)
+    transient = transient_bytes(shape, plan, training, acts.recompute_working_set, logits_released)
     if plan.long_context.active:  # Ulysses SP, tiling, checkpoint offload: dsgen.estimate.sequence_parallel
-        long = long_context_memory(shape, plan, training)
+        long = long_context_memory(shape, plan, training, logits_released)
         acts, transient = long.activations, long.transient
         buffers += long.buffers
         host_total += hardware.gpus_per_node * long.host_per_rank

@@ -164,8 +164,11 @@ def _mlp_backward(shape: ModelShape, e: int, liger: bool) -> int:
     return e * shape.hidden_size + (1 if liger else 2) * e * shape.intermediate_size
 
 
-def long_context_memory(shape: ModelShape, plan: Plan, training: Training) -> LongContextMemory:
-    """Per-rank memory of ``plan``'s long-context choices (see the module docstring)."""
+def long_context_memory(
+    shape: ModelShape, plan: Plan, training: Training, logits_released: bool = False
+) -> LongContextMemory:
+    """Per-rank memory of ``plan``'s long-context choices (see the module docstring);
+    ``logits_released`` as in :func:`dsgen.estimate.memory.estimate_memory`."""
     lc = plan.long_context
     sp = lc.sequence_parallel_size
     b, e = plan.micro_batch_size, plan.dtype_bytes
@@ -229,7 +232,7 @@ def long_context_memory(shape: ModelShape, plan: Plan, training: Training) -> Lo
         tile = -(-tokens // loss_tiles(shape, b, s_local))
         logits = tile * vocab * (e + 2 * FP32)
     else:
-        logits = tokens * vocab * (e + 2 * FP32)
+        logits = tokens * vocab * ((0 if logits_released else e) + 2 * FP32)
     acts = ActivationEstimate(
         per_layer=per_layer, layers=layers, outside_layers=outside, recompute_working_set=rebuilt + backward
     )

@@ -117,6 +117,14 @@ class Output:
     path: str = spec_default("output.path")
     launcher: str | None = None  # None: the target's default (dsgen.targets.DEFAULT_LAUNCHER)
 
+    @property
+    def logits_released(self) -> bool:
+        """Whether the target's training loop drops the model's output before backward: the HF
+        Trainer's ``compute_loss`` returns the loss alone (``tests/test_loss_transient.py``
+        watches its logits die before ``accelerator.backward``). The other targets run the
+        user's loop, which commonly keeps ``outputs`` until backward."""
+        return self.target == "hf-trainer"
+
 
 @dataclass(frozen=True)
 class Spec:
