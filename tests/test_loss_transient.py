@@ -100,3 +100,29 @@ def test_new_prices_the_target_it_writes(tmp_path) -> None:
     plain, _ = build_bundle(spec_file)
     assert result.best is not None and plain.best is not None
     assert result.best.memory.gpu.transient < plain.best.memory.gpu.transient
+
+
+def test_doctor_with_trainer_arguments_prices_the_trainers_loop() -> None:
+    """--training-args says the HF Trainer runs the loop: the doctor prices its loss backward."""
+    from dsgen.doctor.diagnose import diagnose
+
+    spec = spec_for("deepspeed")
+    config = {
+        "train_batch_size": 64,
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 2,
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": 3},
+    }
+    args = {
+        "per_device_train_batch_size": 4,
+        "gradient_accumulation_steps": 2,
+        "bf16": True,
+        "gradient_checkpointing": True,
+    }
+    with_trainer = diagnose(config, spec, trainer_args=args)
+    without = diagnose(config, spec)
+    assert with_trainer.evaluation is not None and without.evaluation is not None
+    kept = without.evaluation.memory.gpu.transient
+    freed = with_trainer.evaluation.memory.gpu.transient
+    assert kept - freed == 4 * 4096 * 128256 * 2

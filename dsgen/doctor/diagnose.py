@@ -221,6 +221,9 @@ def diagnose(
     if world != spec.hardware.world_size:
         start = (DoctorFinding("info", "world-size", f"priced on {world} GPUs (--world-size)"),)
     spec = _spec_at(spec, world)
+    if trainer_args is not None and not spec.output.logits_released:
+        # Trainer arguments mean the HF Trainer runs the loop: its loss backward is priced as such
+        spec = replace(spec, output=replace(spec.output, target="hf-trainer"))
     oom_message = parse_oom(error_text) if error_text is not None else None
     resolution = _resolve(config, spec, world, trainer_args)
     validation = _validate(config, spec, resolution)
