@@ -286,32 +286,43 @@ def resolve_global_batch(spec: Spec, dp: int) -> BatchTarget:
 def global_batch_target(spec: Spec) -> BatchTarget:
     """The global batch, met over world / SP data-parallel ranks. With the Ulysses degree left to
     the solver, a batch with fewer sequences than GPUs (one million-token sequence on 8 GPUs),
-    which data parallelism alone cannot spread, is met at the smallest degree whose data-parallel
-    size divides it, and the long-context search prices it; otherwise (or when no degree does)
-    the error is the one for the plain data-parallel split, with its nearest batches."""
+    which data parallelism alone cannot spread, is met exactly at the smallest degree whose
+    data-parallel size divides it, and the long-context search prices it. Otherwise the batch is
+    the plain data-parallel one: rounded when the spec allows it, else the error with its
+    nearest batches."""
     world = spec.hardware.world_size
+    plain_dp = world // sequence_parallel_degrees(spec)[0]
+    exact = replace(spec, constraints=replace(spec.constraints, allow_batch_rounding="none"))
     try:
-        return resolve_global_batch(spec, world // sequence_parallel_degrees(spec)[0])
+        return resolve_global_batch(exact, plain_dp)
     except DsgenError:
-        if spec.constraints.sequence_parallel_size is not None or not _long_context_searchable(spec):
-            raise
-        requested = (
-            spec.training.global_batch_size or (spec.training.tokens_per_step or 0) / spec.training.sequence_length
-        )
-        if requested >= world:
-            raise
-        for sp in sequence_parallel_degrees(spec, search=True)[1:]:
-            with suppress(DsgenError):
-                target = resolve_global_batch(spec, world // sp)
-                if not _batch_splits(spec, world // sp, target.sequences):  # a pinned split that misses
-                    continue
-                return replace(
-                    target,
-                    note=f"{target.sequences} sequence{'s' if target.sequences != 1 else ''} per step cannot occupy "
-                    f"{world} GPUs by data parallelism; "
-                    f"only plans with Ulysses SP {sp} or more meet the batch",
-                )
-        raise
+        met = _met_by_sequence_parallelism(exact)
+        if met is not None:
+            return met
+        return resolve_global_batch(spec, plain_dp)  # rounded, or the error
+
+
+def _met_by_sequence_parallelism(spec: Spec) -> BatchTarget | None:
+    """The exact batch at the smallest Ulysses degree that splits it, when the degree is the
+    solver's to choose and the batch has fewer sequences than GPUs."""
+    world = spec.hardware.world_size
+    if spec.constraints.sequence_parallel_size is not None or not _long_context_searchable(spec):
+        return None
+    requested = spec.training.global_batch_size or (spec.training.tokens_per_step or 0) / spec.training.sequence_length
+    if requested >= world:
+        return None
+    for sp in sequence_parallel_degrees(spec, search=True)[1:]:
+        with suppress(DsgenError):
+            target = resolve_global_batch(spec, world // sp)
+            if not _batch_splits(spec, world // sp, target.sequences):  # a pinned split that misses
+                continue
+            plural = "s" if target.sequences != 1 else ""
+            return replace(
+                target,
+                note=f"{target.sequences} sequence{plural} per step cannot occupy {world} GPUs by data "
+                f"parallelism; only plans with Ulysses SP {sp} or more meet the batch",
+            )
+    return None
 
 
 def _batch_splits(spec: Spec, dp: int, global_batch: int) -> list[tuple[int, int]]:

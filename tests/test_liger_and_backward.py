@@ -232,3 +232,16 @@ def test_a_pinned_micro_batch_the_sp_fallback_cannot_meet_keeps_the_batch_error(
         solve_spec(load_spec_text(text))
     assert caught.value.exit_code == ExitCode.BAD_INPUT
     assert "cannot be split evenly over 2 data-parallel GPUs" in caught.value.render()
+
+
+def test_frontier_keeps_a_one_sequence_batch_on_every_cluster() -> None:
+    """Over --gpus the spec's batch of one sequence stays one sequence (met by Ulysses SP), not
+    rounded up to one per GPU: the step time is for the batch the user asked for."""
+    from dsgen.api import frontier_of
+
+    spec = spec_of(seq=1 << 20, batch=1, liger=False)
+    for point in frontier_of(spec, "sequence_length", [1, 8]):
+        best = point.result.best
+        assert best is not None
+        assert best.plan.global_batch_size == 1
+        assert best.plan.sequence_parallel_size == point.gpus
