@@ -252,12 +252,10 @@ def resolve_global_batch(spec: Spec, dp: int) -> BatchTarget:
     # batch is reported against the pin itself (see _batch_splits).
     rounding = c.allow_batch_rounding == "nearest"
     unit = dp * ((c.micro_batch_size or 1) * (c.gradient_accumulation_steps or 1) if rounding else 1)
+    requested = _requested_sequences(spec)
     if t.tokens_per_step is not None:
-        requested: float = t.tokens_per_step / t.sequence_length
         key, what = "training.tokens_per_step", f"{t.tokens_per_step} tokens per step"
     else:
-        assert t.global_batch_size is not None
-        requested = t.global_batch_size
         key, what = "training.global_batch_size", f"{t.global_batch_size} sequences"
     if requested == int(requested) and int(requested) % unit == 0:
         return BatchTarget(int(requested))
@@ -281,6 +279,15 @@ def resolve_global_batch(spec: Spec, dp: int) -> BatchTarget:
         hint=f"nearest global batches that can: {shown} (multiples of {unit}); "
         "or set constraints.allow_batch_rounding: nearest",
     )
+
+
+def _requested_sequences(spec: Spec) -> float:
+    """Sequences per step as the spec asks: ``global_batch_size``, or ``tokens_per_step`` in sequences."""
+    t = spec.training
+    if t.tokens_per_step is not None:
+        return t.tokens_per_step / t.sequence_length
+    assert t.global_batch_size is not None
+    return t.global_batch_size
 
 
 def global_batch_target(spec: Spec) -> BatchTarget:
@@ -308,8 +315,7 @@ def _met_by_sequence_parallelism(spec: Spec) -> BatchTarget | None:
     world = spec.hardware.world_size
     if spec.constraints.sequence_parallel_size is not None or not _long_context_searchable(spec):
         return None
-    requested = spec.training.global_batch_size or (spec.training.tokens_per_step or 0) / spec.training.sequence_length
-    if requested >= world:
+    if _requested_sequences(spec) >= world:
         return None
     for sp in sequence_parallel_degrees(spec, search=True)[1:]:
         with suppress(DsgenError):

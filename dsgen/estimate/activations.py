@@ -34,6 +34,11 @@ INT64 = 8
 LIGER_FAMILIES: frozenset[str] = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 
+def liger_modelled(shape: ModelShape) -> bool:
+    """Whether Liger-Kernel's memory is modelled for ``shape``: a dense model of :data:`LIGER_FAMILIES`."""
+    return shape.family in LIGER_FAMILIES and not shape.is_moe
+
+
 @dataclass(frozen=True)  # one per candidate plan
 class ActivationEstimate:
     """Saved activations for one micro-batch (bytes), split where the solver needs the parts."""
@@ -48,14 +53,14 @@ class ActivationEstimate:
         return self.layers + self.outside_layers
 
 
-def _rmsnorm_fp32_upcast(h: int, e: int, consumer_saves_output: bool = True) -> int:
+def rmsnorm_fp32_upcast(h: int, e: int, consumer_saves_output: bool = True) -> int:
     """Llama-style RMSNorm: x upcast to fp32 (saved by pow and mul), rsqrt per token, the
     normalised value cast back (saved by the weight multiply) and, usually, the output saved by
     the next linear. In fp32 the casts are no-ops but the same number of storages remain."""
     return FP32 * h + FP32 + e * h + (e * h if consumer_saves_output else 0)
 
 
-def _liger_rmsnorm(width: int, rows: int, e: int, output_saved: bool) -> int:
+def liger_rmsnorm(width: int, rows: int, e: int, output_saved: bool) -> int:
     """``LigerRMSNormFunction`` (``liger_kernel/ops/rms_norm.py``) saves its input ``X`` and the
     fp32 ``RSTD`` per row, no fp32 copy nor normalised value; its output is saved only by a
     consuming linear. The input is a storage of its own except a checkpointed layer's input
@@ -63,7 +68,7 @@ def _liger_rmsnorm(width: int, rows: int, e: int, output_saved: bool) -> int:
     return e * width + FP32 * rows + (e * width if output_saved else 0)
 
 
-def _liger_swiglu(e: int, f: int) -> int:
+def liger_swiglu(e: int, f: int) -> int:
     """``LigerSiLUMulFunction`` (``liger_kernel/ops/swiglu.py``) saves the gate and up outputs and
     recomputes the SiLU in backward; down_proj saves the product: ``3·e·f`` against ``4·e·f``."""
     return 3 * e * f
@@ -162,7 +167,7 @@ def _llama_like(
     the product ``2·e·f``, the down output saved by the weighting multiply ``e·h``, the fp32
     weight ``4``, three int64 index vectors (gather, weight gather, scatter) ``24``.
 
-    ``liger``: Liger's RMSNorm and SwiGLU (:func:`_liger_rmsnorm`, :func:`_liger_swiglu`); its
+    ``liger``: Liger's RMSNorm and SwiGLU (:func:`liger_rmsnorm`, :func:`liger_swiglu`); its
     RoPE rotates q and k in place (``LigerRopeFunction`` saves only cos and sin), so attention
     saves the same q and k storages as with transformers' rotary.
     """
@@ -171,8 +176,8 @@ def _llama_like(
         shape, e, attention, micro_batch, output_copy=shape.family == "phi3", selective=selective
     )
     if liger:
-        return 2 * _liger_rmsnorm(h, 1, e, True) + attn_lin + _liger_swiglu(e, f), attn_quad
-    norms = 2 * _rmsnorm_fp32_upcast(h, e)
+        return 2 * liger_rmsnorm(h, 1, e, True) + attn_lin + liger_swiglu(e, f), attn_quad
+    norms = 2 * rmsnorm_fp32_upcast(h, e)
     if shape.family == "phi3":
         norms += 2 * _dropout_mask(h, shape.dropout)  # resid_attn_dropout, resid_mlp_dropout
     if shape.is_moe:
@@ -357,9 +362,9 @@ def _modern(
         if shape.qk_norm != "none":
             per_head = shape.qk_norm == "head"
             nq, nkv = (shape.num_attention_heads, shape.num_key_value_heads) if per_head else (1, 1)
-            attn_lin += _liger_rmsnorm(shape.q_size, nq, e, False) + _liger_rmsnorm(shape.kv_size, nkv, e, False)
-        norms = shape.norms_per_layer * _liger_rmsnorm(h, 1, e, True)
-        return norms + attn_lin + _liger_swiglu(e, shape.intermediate_size), attn_quad
+            attn_lin += liger_rmsnorm(shape.q_size, nq, e, False) + liger_rmsnorm(shape.kv_size, nkv, e, False)
+        norms = shape.norms_per_layer * liger_rmsnorm(h, 1, e, True)
+        return norms + attn_lin + liger_swiglu(e, shape.intermediate_size), attn_quad
     if shape.family in _POST_NORM:
         norms = 2 * _norm(h, 1, e, fp32w, False) + 2 * e * h
     elif shape.norms_per_layer == 4:
@@ -434,7 +439,7 @@ def _liger_loss(shape: ModelShape, e: int) -> int:
     inside forward and saves ``grad_input``; its whole-vocabulary ``grad_weight`` is
     :func:`liger_loss_weight_gradient`): the token ids, the final norm's input and fp32 rstd, and
     the input's gradient."""
-    return INT64 + _liger_rmsnorm(shape.hidden_size, 1, e, False) + e * shape.hidden_size
+    return INT64 + liger_rmsnorm(shape.hidden_size, 1, e, False) + e * shape.hidden_size
 
 
 def liger_loss_weight_gradient(shape: ModelShape, e: int) -> int:
@@ -499,7 +504,7 @@ def _outside_layers(
         per_token = _liger_loss(shape, e)
         per_position = 2 * e * shape.head_dim
     else:
-        per_token = ids + _rmsnorm_fp32_upcast(h, e) + loss
+        per_token = ids + rmsnorm_fp32_upcast(h, e) + loss
         per_position = 2 * e * shape.head_dim
     total = tokens * per_token + s * per_position + (liger_loss_weight_gradient(shape, e) if liger else 0)
     if checkpointing or selective:
@@ -531,7 +536,7 @@ def estimate_activations(
     """
     b, s, e = micro_batch_size, sequence_length, dtype_bytes
     selective = selective and not checkpointing
-    liger = liger and shape.family in LIGER_FAMILIES and not shape.is_moe
+    liger = liger and liger_modelled(shape)
     if shape.family in TRAIT_FAMILIES or _has_modern_traits(shape):
         return _estimate_modern(shape, b, s, e, attention, checkpointing, selective, liger)
     linear, quadratic = _per_layer(shape, e, attention, b, liger=liger)

@@ -274,23 +274,24 @@ def estimate_memory(
         host_total = process + offloaded
     else:
         raise ValueError(f"unknown accounting {accounting!r}; expected one of {ACCOUNTINGS}")
-    acts = estimate_activations(
-        shape,
-        micro_batch_size=plan.micro_batch_size,
-        sequence_length=training.sequence_length,
-        dtype_bytes=plan.dtype_bytes,
-        attention=training.attention,
-        checkpointing=plan.checkpointing == "full",
-        selective=plan.checkpointing == "selective",
-        liger=training.liger_kernel,
-    )
     buffers = buffer_bytes(shape, plan)
-    transient = transient_bytes(shape, plan, training, acts.recompute_working_set, logits_released)
     if plan.long_context.active:  # Ulysses SP, tiling, checkpoint offload: dsgen.estimate.sequence_parallel
         long = long_context_memory(shape, plan, training, logits_released)
         acts, transient = long.activations, long.transient
         buffers += long.buffers
         host_total += hardware.gpus_per_node * long.host_per_rank
+    else:
+        acts = estimate_activations(
+            shape,
+            micro_batch_size=plan.micro_batch_size,
+            sequence_length=training.sequence_length,
+            dtype_bytes=plan.dtype_bytes,
+            attention=training.attention,
+            checkpointing=plan.checkpointing == "full",
+            selective=plan.checkpointing == "selective",
+            liger=training.liger_kernel,
+        )
+        transient = transient_bytes(shape, plan, training, acts.recompute_working_set, logits_released)
     dynamic = acts.total + buffers + transient
     fixed = CUDA_CONTEXT_BYTES + COMM_LIBRARY_BYTES
     gpu = GpuMemory(

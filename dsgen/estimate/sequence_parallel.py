@@ -33,7 +33,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dsgen.catalog.model_shape import ModelShape
-from dsgen.estimate.activations import INT64, ActivationEstimate, estimate_activations, liger_loss_transient
+from dsgen.estimate.activations import (
+    INT64,
+    ActivationEstimate,
+    estimate_activations,
+    liger_loss_transient,
+    liger_rmsnorm,
+    liger_swiglu,
+    rmsnorm_fp32_upcast,
+)
 from dsgen.plan import Plan
 from dsgen.spec.types import Training
 from dsgen.units import FP32, GIB
@@ -119,7 +127,7 @@ def _mlp_saved(shape: ModelShape, e: int, liger: bool) -> int:
     """Bytes per token a dense MLP saves for backward beyond its input (4·e·f gated, 2·e·f GELU;
     3·e·f with Liger's SwiGLU)."""
     if liger:
-        return 3 * e * shape.intermediate_size
+        return liger_swiglu(e, shape.intermediate_size)
     return (4 if shape.gated_mlp else 2) * e * shape.intermediate_size
 
 
@@ -152,7 +160,7 @@ def _freed_before_attention(shape: ModelShape, e: int, sp: int, liger: bool, mlp
     output; Liger: input, rstd and output) and, under Ulysses, the output projection's
     sequence-sharded input."""
     h = shape.hidden_size
-    norm = 2 * e * h + FP32 + (0 if liger else FP32 * h)
+    norm = liger_rmsnorm(h, 1, e, output_saved=True) if liger else rmsnorm_fp32_upcast(h, e)
     return mlp_saved + norm + (e * shape.q_size if sp > 1 else 0)
 
 

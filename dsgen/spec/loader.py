@@ -409,11 +409,11 @@ class _SpecBuilder:
         """Liger-Kernel is modelled where its patch keeps the HF layer layout dsgen inventories
         (dsgen.estimate.activations.LIGER_FAMILIES); its fused linear cross-entropy is already a
         tiled loss, so DeepSpeed's TiledFusedLogitsLoss cannot be pinned beside it."""
-        from dsgen.estimate.activations import LIGER_FAMILIES
+        from dsgen.estimate.activations import LIGER_FAMILIES, liger_modelled
 
         if not training.liger_kernel:
             return
-        if model.family not in LIGER_FAMILIES or model.is_moe:
+        if not liger_modelled(model):
             raise self.fail(
                 ("training", "liger_kernel"),
                 f"Liger-Kernel's memory is modelled for dense {', '.join(sorted(LIGER_FAMILIES))} models, "
