@@ -187,17 +187,24 @@ def test_llama_8b_full_checkpointing_keeps_the_larger_logits_term() -> None:
     assert gpu.transient == S * V * (2 + 8) == 1_313_341_440
 
 
-def test_odd_model_full_checkpointing_transient_is_the_recompute_working_set() -> None:
+def test_odd_model_full_checkpointing_transient_is_the_rebuilt_layer_and_its_gradients() -> None:
     # odd model, bf16, flash, b = 1, s = 1024. Logits: 1024 * 7 * (2 + 8) = 71_680.
     # One rebuilt layer per token: 2 RMSNorms 2 * (4*3 + 4 + 2*3 + 2*3) = 56, attention
-    # 2*3 + 2*2*3 + 2*3 + 4*1 = 28, MLP 4 * 2 * 5 = 40 -> 124; * 1024 = 126_976 > 71_680.
+    # 2*3 + 2*2*3 + 2*3 + 4*1 = 28, MLP 4 * 2 * 5 = 40, and its recomputed output, which the
+    # reentrant checkpoint holds, 2*3 -> 130.
+    # Its backward's gradients per token, the largest phase: MLP first, the residual gradient
+    # 2*3 + down_proj's input gradient and the SiLU*up product's 2 * 2*5 = 26; the norm's
+    # backward (2*3 + 5*4*3 - 2*2*3 - 4 = 50, less the MLP's 40 freed) 10; attention (46 of
+    # gradients, less the 40 + 28 of MLP and norm tensors freed by then) negative.
+    # (130 + 26) * 1024 = 159_744 > 71_680.
     logits = S * 7 * (2 + 8)
-    rebuilt = S * (2 * (4 * 3 + 4 + 2 * 3 + 2 * 3) + (2 * 3 + 2 * 2 * 3 + 2 * 3 + 4 * 1) + 4 * 2 * 5)
-    assert (logits, rebuilt) == (71_680, 126_976)
+    rebuilt = S * (2 * (4 * 3 + 4 + 2 * 3 + 2 * 3) + (2 * 3 + 2 * 2 * 3 + 2 * 3 + 4 * 1) + 4 * 2 * 5 + 2 * 3)
+    backward = S * (2 * 3 + 2 * 2 * 5)
+    assert (logits, rebuilt, backward) == (71_680, 133_120, 26_624)
     spec = _spec()
     full = estimate_memory(ODD, _plan(2, checkpointing="full"), spec.hardware, spec.training).gpu
-    assert full.transient == rebuilt
-    # without checkpointing nothing is rebuilt: the logits term
+    assert full.transient == rebuilt + backward
+    # without checkpointing nothing is rebuilt, and the backward's gradients stay below the logits
     none = estimate_memory(ODD, _plan(2), spec.hardware, spec.training).gpu
     assert none.transient == logits
 

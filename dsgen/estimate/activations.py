@@ -79,6 +79,31 @@ def _gemma_rmsnorm(h: int, e: int, consumer_saves_output: bool) -> int:
     return FP32 * h + FP32 + FP32 * h + (e * h if consumer_saves_output else 0)
 
 
+def upcast_rmsnorm(shape: ModelShape) -> bool:
+    """The layer's norms are transformers' Llama-style RMSNorm (input upcast to fp32)."""
+    return shape.family not in _OWN_NORM_FAMILIES
+
+
+def _rebuilt_layer_correction(shape: ModelShape, e: int, liger: bool) -> int:
+    """Per token, how a checkpointed layer rebuilt in backward differs from its forward inventory.
+
+    Plus its output ``e·h``: transformers checkpoints with ``torch.utils.checkpoint``'s reentrant
+    ``CheckpointFunction`` (its default), whose ``backward`` reruns the layer and holds the
+    ``outputs`` while autograd runs backward through them. Minus the first norm's saved input
+    when that storage is the checkpoint itself (counted with the layer inputs): Liger's RMSNorm
+    saves ``X`` (``e·h``); transformers' fp32 upcast is a no-op in fp32 training (``4·h``). Both
+    measured by ``bench/backward_peak_accuracy.py``.
+    """
+    h = shape.hidden_size
+    if liger:
+        first_norm_input = e * h
+    elif e == FP32 and upcast_rmsnorm(shape):
+        first_norm_input = FP32 * h
+    else:
+        first_norm_input = 0
+    return e * h - first_norm_input
+
+
 def _layernorm(h: int, e: int) -> int:
     """native_layer_norm saves its input plus the per-token mean and rstd (fp32 on GPUs; the CPU
     kernel keeps them in the input dtype, 4 bytes less per token)."""
@@ -270,6 +295,10 @@ _FP32_WEIGHT_NORM = frozenset({"olmo2", "olmo3", "gpt_oss", "gemma3_text"})
 # Families whose two norms come after attention and after the MLP (Olmo2DecoderLayer): the layer
 # input and the residual sum are what the projections save, and the norm outputs feed residual adds.
 _POST_NORM = frozenset({"olmo2", "olmo3"})
+# Families whose first norm is not transformers' fp32-upcast RMSNorm over the layer input
+# (LayerNorm, Gemma's RMSNorm, fp32-weight norms, post-norm layers): :func:`_rebuilt_layer_correction`
+# leaves their first norm's saved tensors as the inventory counts them.
+_OWN_NORM_FAMILIES = frozenset({"gpt2", "bert", "gpt_neox", "gemma2"}) | _FP32_WEIGHT_NORM | _POST_NORM
 # Families with a second rotary table (other base) for their sliding-window layers.
 _LOCAL_ROPE = frozenset({"gemma3_text", "olmo3"})
 # MoE routers (the tensors before the experts, per token): deepseek_v3 and glm4_moe score in fp32 on
@@ -543,7 +572,7 @@ def estimate_activations(
     per_layer = b * s * (linear + quadratic * s)
     if checkpointing:
         layers = shape.num_layers * b * s * e * shape.hidden_size  # each layer's input only
-        rebuilt = per_layer - (b * s * e * shape.hidden_size if liger else 0)
+        rebuilt = per_layer + b * s * _rebuilt_layer_correction(shape, e, liger)
     elif selective:
         kept_linear, _ = _per_layer(shape, e, attention, b, selective=True, liger=liger)
         kept = b * s * kept_linear
@@ -578,7 +607,7 @@ def _estimate_modern(
     largest = max(full.values()) + (sliding // shape.num_layers if sliding else 0)
     if checkpointing:
         layers = shape.num_layers * b * s * e * shape.hidden_size
-        rebuilt = largest - (b * s * e * shape.hidden_size if liger else 0)
+        rebuilt = largest + b * s * _rebuilt_layer_correction(shape, e, liger)
         per_layer = largest
     elif selective:
         kept = {moe: b * s * _modern(shape, e, attention, b, True, moe, s, liger)[0] for _, moe in kinds}

@@ -14,12 +14,13 @@ from dataclasses import dataclass, replace
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.estimate.activations import estimate_activations, liger_loss_transient
+from dsgen.estimate.layer_backward import layer_backward_bytes, loss_backward_bytes
 from dsgen.estimate.model_states import ModelStates, model_states
 from dsgen.estimate.optimizers import step_temporary_bytes
 from dsgen.estimate.sequence_parallel import long_context_memory
 from dsgen.plan import Plan
 from dsgen.spec.types import Hardware, Optimizer, Training
-from dsgen.units import FP32, GIB
+from dsgen.units import GIB
 from dsgen.vocabulary import ACCOUNTINGS, Accounting, StepPhase
 
 # Fixed allowances (see docs/memory-model.md, "Overheads").
@@ -148,21 +149,14 @@ def transient_bytes(
 
     Loss backward: the fp32 gradients of the log-softmax and of its input are formed
     (:func:`loss_backward_bytes`; with Liger's fused loss: one logits chunk in forward,
-    :func:`liger_loss_transient`). Checkpointed backward: one layer's activations are rebuilt. The
-    two happen at different moments, so the larger one counts.
+    :func:`liger_loss_transient`). Layer backward: its gradients
+    (:func:`dsgen.estimate.layer_backward.layer_backward_bytes`), beside one layer's activations
+    rebuilt when checkpointing. The two happen at different moments, so the larger one counts.
     """
     tokens = plan.micro_batch_size * training.sequence_length
     if training.liger_kernel:
         return max(liger_loss_transient(shape, plan.dtype_bytes, tokens), recompute_working_set)
     return max(loss_backward_bytes(shape, plan.dtype_bytes, tokens, logits_released), recompute_working_set)
-
-
-def loss_backward_bytes(shape: ModelShape, dtype_bytes: int, tokens: int, logits_released: bool) -> int:
-    """Beyond the saved fp32 log-softmax, the loss backward holds its fp32 output gradient and
-    its input gradient (``ForCausalLMLoss`` upcasts the logits), and, when the loop still holds
-    the model's output (``out = model(...); engine.backward(out.loss)``), the 16-bit logits. The
-    HF Trainer's ``compute_loss`` returns the loss alone, so they are freed before backward."""
-    return tokens * shape.vocab_size * ((0 if logits_released else dtype_bytes) + 2 * FP32)
 
 
 def optimizer_step_temporary(states: ModelStates, plan: Plan, optimizer: Optimizer) -> int:
@@ -291,6 +285,12 @@ def estimate_memory(
             selective=plan.checkpointing == "selective",
             liger=training.liger_kernel,
         )
+        # one layer's backward holds its gradients beside what it saved (or rebuilt): the same
+        # working set as under the long-context choices, with nothing sharded or tiled
+        backward = layer_backward_bytes(
+            shape, plan.dtype_bytes, plan.micro_batch_size * training.sequence_length, 1, training.liger_kernel
+        )
+        acts = replace(acts, recompute_working_set=acts.recompute_working_set + backward)
         transient = transient_bytes(shape, plan, training, acts.recompute_working_set, logits_released)
     dynamic = acts.total + buffers + transient
     fixed = CUDA_CONTEXT_BYTES + COMM_LIBRARY_BYTES

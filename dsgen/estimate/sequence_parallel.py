@@ -38,10 +38,8 @@ from dsgen.estimate.activations import (
     ActivationEstimate,
     estimate_activations,
     liger_loss_transient,
-    liger_rmsnorm,
-    liger_swiglu,
-    rmsnorm_fp32_upcast,
 )
+from dsgen.estimate.layer_backward import layer_backward_bytes, loss_backward_bytes, mlp_saved_bytes
 from dsgen.plan import Plan
 from dsgen.spec.types import Training
 from dsgen.units import FP32, GIB
@@ -123,14 +121,6 @@ class LongContextMemory:
     host_per_rank: int  # offloaded checkpoints in host RAM
 
 
-def _mlp_saved(shape: ModelShape, e: int, liger: bool) -> int:
-    """Bytes per token a dense MLP saves for backward beyond its input (4·e·f gated, 2·e·f GELU;
-    3·e·f with Liger's SwiGLU)."""
-    if liger:
-        return liger_swiglu(e, shape.intermediate_size)
-    return (4 if shape.gated_mlp else 2) * e * shape.intermediate_size
-
-
 def _attention_delta(shape: ModelShape, e: int, sp: int) -> int:
     """Bytes per local token Ulysses adds inside attention: replicated k/v heads and the
     kernel's own output beside the output projection's sequence-sharded copy."""
@@ -140,36 +130,6 @@ def _attention_delta(shape: ModelShape, e: int, sp: int) -> int:
     replicated = 2 * e * shape.head_dim * (max(kv, sp) - kv)
     output_copy = 0 if shape.family in ("phi3", "gpt_neox") else e * shape.q_size  # those copy already
     return replicated + output_copy
-
-
-def _attention_backward(shape: ModelShape, e: int, sp: int) -> int:
-    """Bytes per local token of gradients alive while one layer's attention runs backward (fused
-    kernels): the layer output's gradient on the residual path ``e·h``; the attention output's
-    gradient ``e·q`` (under Ulysses the head-sharded one: the all-to-all's input is freed once it
-    has run); dq, dk and dv (k and v replicated to one head per rank when there are fewer
-    key/value heads than ``p``); FlashAttention-2's fp32 dq accumulator and softmax_d
-    (``mha_bwd``: ``dq_accum`` and ``softmax_d`` are float32)."""
-    q = shape.q_size
-    kv = max(shape.num_key_value_heads, sp) * shape.head_dim
-    return e * shape.hidden_size + e * q + e * (q + 2 * kv) + FP32 * (q + shape.num_attention_heads)
-
-
-def _freed_before_attention(shape: ModelShape, e: int, sp: int, liger: bool, mlp_saved: int) -> int:
-    """Bytes per token of one layer's saved tensors released before its attention runs backward:
-    the MLP's, the post-attention norm's (transformers: fp32 input, rstd, normalised value and
-    output; Liger: input, rstd and output) and, under Ulysses, the output projection's
-    sequence-sharded input."""
-    h = shape.hidden_size
-    norm = liger_rmsnorm(h, 1, e, output_saved=True) if liger else rmsnorm_fp32_upcast(h, e)
-    return mlp_saved + norm + (e * shape.q_size if sp > 1 else 0)
-
-
-def _mlp_backward(shape: ModelShape, e: int, liger: bool) -> int:
-    """Bytes per token of gradients alive while an untiled gated MLP runs backward: the residual
-    gradient ``e·h``, down_proj's input gradient ``e·f`` and, with transformers' MLP, the
-    gradients of the SiLU output and of up before the product's inputs are freed ``e·f`` more
-    (Liger's SwiGLU backward writes them into its saved gate and up: ``swiglu_backward``)."""
-    return e * shape.hidden_size + (1 if liger else 2) * e * shape.intermediate_size
 
 
 def long_context_memory(
@@ -194,24 +154,12 @@ def long_context_memory(
         liger=training.liger_kernel,
     )
     per_token = _attention_delta(shape, e, sp)
-    mlp_saved = _mlp_saved(shape, e, training.liger_kernel)  # what the layer inventory counted
-    if lc.tiled_mlp and not shape.is_moe:
-        per_token -= mlp_saved
-        mlp_saved = 0
+    tiled = lc.tiled_mlp and not shape.is_moe
+    shard = None
+    if tiled:
+        per_token -= mlp_saved_bytes(shape, e, training.liger_kernel)  # what the layer inventory counted
         shard = -(-tokens // tiled_mlp_shards(shape, s_local))
-        # backward: the residual gradient, the input's gradient (zeros_like x) and one shard's MLP
-        # rebuilt. The shard runs transformers' MLP even with Liger: ArcticTraining's
-        # LigerModelFactory turns Liger's SwiGLU off when TiledMLP patches the MLP
-        # (``swiglu = False if tiled_mlp_compute``).
-        mlp_backward = 2 * tokens * e * shape.hidden_size + shard * _mlp_saved(shape, e, False)
-    elif shape.is_moe:
-        mlp_backward = 0
-    else:
-        mlp_backward = tokens * _mlp_backward(shape, e, training.liger_kernel)
-    # one layer's backward: its MLP first (every saved tensor still alive), then its attention
-    # (the MLP's saved tensors freed): the larger of the two gradient working sets counts
-    freed = _freed_before_attention(shape, e, sp, training.liger_kernel, mlp_saved)
-    backward = max(mlp_backward, tokens * (_attention_backward(shape, e, sp) - freed))
+    backward = layer_backward_bytes(shape, e, tokens, sp, training.liger_kernel, shard)
     layer_delta = tokens * per_token
     if full:
         layers = base.layers
@@ -240,7 +188,7 @@ def long_context_memory(
         tile = -(-tokens // loss_tiles(shape, b, s_local))
         logits = tile * vocab * (e + 2 * FP32)
     else:
-        logits = tokens * vocab * ((0 if logits_released else e) + 2 * FP32)
+        logits = loss_backward_bytes(shape, e, tokens, logits_released)
     acts = ActivationEstimate(
         per_layer=per_layer, layers=layers, outside_layers=outside, recompute_working_set=rebuilt + backward
     )

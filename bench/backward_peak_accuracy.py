@@ -1,0 +1,246 @@
+"""Accuracy of the rebuilt layer's backward working set against the bytes a real backward holds (CPU).
+
+``bench/activation_accuracy.py`` and ``bench/long_context_accuracy.py`` measure what autograd holds
+at the end of forward. The GPU's peak comes later, in backward: with activation checkpointing each
+layer is rebuilt from its saved input and runs backward at once, and the rebuilt tensors plus the
+gradients that backward forms are the step's largest short-lived allocation at long sequences
+(``transient`` in docs/memory-model.md). This bench measures that working set.
+
+For a tiny Llama (8 query heads, 2 key/value heads) and a tiny Qwen3 (8 query heads, 1 key/value
+head, its own head_dim) at two sequence lengths, one process builds the model from its config
+(fp32, sdpa, random weights), turns on transformers' gradient checkpointing (reentrant, its
+default), and applies, as a user would:
+
+- TiledMLP: the MLP class's forward patched to DeepSpeed's ``TiledMLP.apply`` with
+  ``ceil(seqlen / hidden)`` shards (as ``bench/long_context_worker.py``);
+- checkpoint offload: each checkpoint's saved input packed to host memory outside torch's allocator
+  and brought back (a new allocation) when its layer is rebuilt, as ArcticTraining's
+  ``CheckpointFunctionWithCPUOffload`` does with ``.cpu()`` and ``.to(device)``.
+
+Every tensor storage an operator creates, in forward and in backward, is counted while it lives
+(a ``TorchDispatchMode`` with a weak reference per storage). Gradients of parameters are dropped
+as soon as they are accumulated (``register_post_accumulate_grad_hook``): DeepSpeed moves them into
+its own buffers, which dsgen prices with the model states, not here. Measured: the highest live
+bytes from the moment the first checkpointed layer starts its backward, less the bytes live at
+that moment other than the gradient it receives (what forward left and the loss backward did
+not free).
+
+Predicted: ``transient`` of :func:`dsgen.estimate.memory.estimate_memory` for the same plan (the
+model's config read with :func:`dsgen.catalog.hf_config.shape_from_hf_config`); the vocabulary is
+kept small so that the rebuilt layer, not the loss, is that term (checked per case).
+
+What cannot run on CPU: FlashAttention-2 (its fp32 ``dq_accum`` and ``softmax_d`` are priced from
+its source; sdpa's CPU kernel forms the same dq, dk, dv), Liger-Kernel (Triton), and the device
+copy of checkpoint offload (emulated as above). Target: median absolute error <= 3 %, worst <= 8 %,
+as the other memory benches. Run: .venv/bin/python bench/backward_peak_accuracy.py
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import sys
+import tempfile
+import weakref
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._pytree import tree_flatten  # noqa: E402
+
+from dsgen.catalog.hf_config import shape_from_hf_config  # noqa: E402
+from dsgen.catalog.presets import get_gpu  # noqa: E402
+from dsgen.estimate.layer_backward import loss_backward_bytes  # noqa: E402
+from dsgen.estimate.memory import estimate_memory  # noqa: E402
+from dsgen.plan import LongContext, Plan  # noqa: E402
+from dsgen.spec.types import Hardware, Training  # noqa: E402
+
+MEDIAN_TARGET, WORST_TARGET = 3.0, 8.0
+COMMON = dict(
+    hidden_size=256, intermediate_size=688, num_hidden_layers=3, vocab_size=512, attention_dropout=0.0, use_cache=False
+)
+MODELS: dict[str, dict[str, Any]] = {
+    "llama": dict(COMMON, num_attention_heads=8, num_key_value_heads=2),
+    "qwen3": dict(COMMON, num_attention_heads=8, num_key_value_heads=1, head_dim=48),
+}
+VARIANTS = {
+    "checkpointing": dict(tiled_mlp=False, checkpoint_offload=False),
+    "+tiled-mlp": dict(tiled_mlp=True, checkpoint_offload=False),
+    "+offload": dict(tiled_mlp=False, checkpoint_offload=True),
+    "+tiled-mlp+offload": dict(tiled_mlp=True, checkpoint_offload=True),
+}
+SEQUENCES = (1024, 4096)
+PRECISIONS = ("fp32", "bf16")  # bf16: transformers' RMSNorm upcasts to fp32, so the two differ
+
+
+class LiveBytes(TorchDispatchMode):
+    """Bytes of the storages operators have created that are still alive, and their high point."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._refs: dict[int, weakref.ref[Any]] = {}
+
+    def _count(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        key, nbytes = storage.data_ptr(), storage.nbytes()
+        if nbytes == 0 or key in self._refs:
+            return  # a view of a storage already counted
+
+        def freed(_ref: Any, key: int = key, nbytes: int = nbytes) -> None:
+            self._refs.pop(key, None)
+            self.live -= nbytes
+
+        self._refs[key] = weakref.ref(storage, freed)
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
+
+    def restart_peak(self) -> None:
+        self.peak = self.live
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for value in tree_flatten(out)[0]:
+            if isinstance(value, torch.Tensor) and value.device.type == "cpu":
+                self._count(value)
+        return out
+
+
+def _tiled_mlp(model: torch.nn.Module) -> Any:
+    """Patch the model's MLP class to TiledMLP; returns the original forward."""
+    mlp_class = type(model.model.layers[0].mlp)
+    original = mlp_class.forward
+
+    def mlp_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+    def tiled_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
+        shards = math.ceil(x.shape[1] / x.shape[2])
+        return TiledMLP.apply(mlp_forward, self, x, shards, list(self.parameters()))
+
+    mlp_class.forward = tiled_forward
+    return original
+
+
+def measure(
+    family: str, sequence_length: int, tiled_mlp: bool, checkpoint_offload: bool, precision: str = "fp32"
+) -> int:
+    """Peak bytes above what is live when the first rebuilt layer starts its backward."""
+    config = transformers.AutoConfig.for_model(family, **MODELS[family])
+    torch.manual_seed(0)
+    dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype)
+    original_mlp = _tiled_mlp(model) if tiled_mlp else None
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
+    checkpoint = torch.utils.checkpoint.CheckpointFunction
+    original_apply, original_backward = checkpoint.apply, checkpoint.backward
+    # the class's own attributes as they are (apply is inherited), to put back exactly
+    descriptors = {name: checkpoint.__dict__.get(name) for name in ("apply", "backward")}
+    tracker = LiveBytes()
+    start: list[int] = []
+
+    def backward(ctx: Any, *grads: Any) -> Any:
+        if not start:  # the first rebuilt layer: the loss backward is over
+            # its incoming gradient (from the final norm) is part of the layer's working set
+            incoming = sum(g.untyped_storage().nbytes() for g in grads if isinstance(g, torch.Tensor))
+            start.append(tracker.live - incoming)
+            tracker.restart_peak()
+        return original_backward(ctx, *grads)
+
+    def to_host(t: torch.Tensor) -> np.ndarray:
+        return t.detach().view(torch.int16).numpy().copy() if t.dtype == torch.bfloat16 else t.detach().numpy().copy()
+
+    def to_device(a: np.ndarray) -> torch.Tensor:
+        back = torch.from_numpy(a).clone()  # a new allocation: the copy back for its layer
+        return back.view(torch.bfloat16) if back.dtype == torch.int16 else back
+
+    def offloading_apply(*args: Any) -> Any:
+        # the hooks pack what CheckpointFunction saves when apply() returns: its inputs
+        with torch.autograd.graph.saved_tensors_hooks(to_host, to_device):
+            return original_apply(*args)
+
+    checkpoint.backward = staticmethod(backward)  # type: ignore[method-assign]
+    if checkpoint_offload:
+        checkpoint.apply = offloading_apply  # type: ignore[method-assign]
+    try:
+        ids = torch.randint(0, config.vocab_size, (1, sequence_length), generator=torch.Generator().manual_seed(1))
+        model.train()
+        with tracker:
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            loss.backward()
+    finally:
+        for name, descriptor in descriptors.items():
+            if descriptor is None:
+                if name in checkpoint.__dict__:
+                    delattr(checkpoint, name)
+            else:
+                setattr(checkpoint, name, descriptor)
+        if original_mlp is not None:
+            type(model.model.layers[0].mlp).forward = original_mlp
+    return tracker.peak - start[0]
+
+
+def predict(
+    family: str, sequence_length: int, tiled_mlp: bool, checkpoint_offload: bool, precision: str = "fp32"
+) -> tuple[int, int]:
+    """dsgen's transient for the plan, and its loss term (which must be the smaller)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        transformers.AutoConfig.for_model(family, **MODELS[family]).save_pretrained(tmp)
+        shape = shape_from_hf_config(Path(tmp) / "config.json")
+    plan = Plan(
+        precision=precision,
+        zero_stage=2,
+        offload_optimizer="none",
+        offload_param="none",
+        checkpointing="full",
+        micro_batch_size=1,
+        gradient_accumulation_steps=1,
+        data_parallel_size=1,
+        long_context=LongContext(1, tiled_mlp, False, checkpoint_offload),
+    )
+    training = Training(sequence_length=sequence_length, global_batch_size=1, attention="sdpa", precision=precision)
+    memory = estimate_memory(shape, plan, Hardware(gpu=get_gpu("h100-80gb")), training)
+    return memory.gpu.transient, loss_backward_bytes(shape, plan.dtype_bytes, sequence_length, False)
+
+
+def main() -> int:
+    torch.set_num_threads(1)
+    errors: list[float] = []
+    print(f"{'case':<44} {'measured':>12} {'predicted':>12} {'error':>8}")
+    cases = [(f, s, v, p) for p in PRECISIONS for f in MODELS for s in SEQUENCES for v in VARIANTS]
+    for family, sequence_length, variant, precision in cases:
+        flags = VARIANTS[variant]
+        measured = measure(family, sequence_length, **flags, precision=precision)
+        predicted, loss_term = predict(family, sequence_length, **flags, precision=precision)
+        name = f"{family} {precision} s={sequence_length} {variant}"
+        if loss_term >= predicted:
+            raise SystemExit(f"{name}: the loss, not the rebuilt layer, is the transient; shrink the vocabulary")
+        error = 100 * (predicted - measured) / measured
+        errors.append(abs(error))
+        print(f"{name:<44} {measured:>12,} {predicted:>12,} {error:>+7.1f}%")
+    median, worst = statistics.median(errors), max(errors)
+    met = median <= MEDIAN_TARGET and worst <= WORST_TARGET
+    print(
+        f"rebuilt layer's backward working set, {len(errors)} cases: median |error| {median:.1f} % "
+        f"(target <= {MEDIAN_TARGET:.0f} %), worst {worst:.1f} % (target <= {WORST_TARGET:.0f} %): "
+        + ("met" if met else "NOT met")
+    )
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

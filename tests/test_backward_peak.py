@@ -1,0 +1,61 @@
+"""The rebuilt layer's backward working set against the bytes a real backward holds.
+
+Runs bench/backward_peak_accuracy.py's measurement (every storage an operator creates in forward
+and backward, counted while it lives) on a tiny Llama and Qwen3 with transformers' reentrant
+gradient checkpointing, DeepSpeed's TiledMLP and checkpoint offload, in fp32 and bf16, and
+compares it with dsgen's ``transient`` for the same plan. A change to transformers, DeepSpeed's
+TiledMLP or torch's checkpoint that moves these bytes fails here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from types import ModuleType
+
+import pytest
+
+from tests.conftest import REPO_ROOT, require_module
+
+
+def _bench() -> ModuleType:
+    require_module("torch")
+    require_module("transformers")
+    require_module("deepspeed")
+    path = REPO_ROOT / "bench" / "backward_peak_accuracy.py"
+    name = "dsgen_bench_backward_peak_accuracy"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    module = _bench()
+    threads = module.torch.get_num_threads()
+    module.torch.set_num_threads(1)
+    yield module
+    module.torch.set_num_threads(threads)
+
+
+# (family, precision, sequence, tiled MLP, checkpoint offload): each backward phase that peaks
+CASES = [
+    ("llama", "bf16", 512, False, False),  # the MLP phase
+    ("llama", "fp32", 512, False, True),  # the MLP phase, one checkpoint brought back
+    ("qwen3", "bf16", 1024, True, False),  # the post-attention norm's phase
+    ("llama", "fp32", 512, True, True),  # a TiledMLP shard's phase
+]
+
+
+@pytest.mark.parametrize(("family", "precision", "sequence", "tiled_mlp", "offload"), CASES)
+def test_rebuilt_layer_working_set_matches_a_real_backward(
+    bench: ModuleType, family: str, precision: str, sequence: int, tiled_mlp: bool, offload: bool
+) -> None:
+    measured = bench.measure(family, sequence, tiled_mlp, offload, precision=precision)
+    predicted, loss_term = bench.predict(family, sequence, tiled_mlp, offload, precision=precision)
+    assert loss_term < predicted  # the transient is the rebuilt layer, not the loss
+    assert predicted == pytest.approx(measured, rel=0.01)
