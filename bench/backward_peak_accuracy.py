@@ -12,7 +12,7 @@ head, its own head_dim) at two sequence lengths, one process builds the model fr
 default), and applies, as a user would:
 
 - TiledMLP: the MLP class's forward patched to DeepSpeed's ``TiledMLP.apply`` with
-  ``ceil(seqlen / hidden)`` shards (as ``bench/long_context_worker.py``);
+  ``ceil(seqlen / hidden)`` shards (``bench/long_context_worker.py``'s ``patch_tiled_mlp``);
 - checkpoint offload: each checkpoint's saved input packed to host memory outside torch's allocator
   and brought back (a new allocation) when its layer is rebuilt, as ArcticTraining's
   ``CheckpointFunctionWithCPUOffload`` does with ``.cpu()`` and ``.to(device)``.
@@ -37,7 +37,6 @@ as the other memory benches. Run: .venv/bin/python bench/backward_peak_accuracy.
 
 from __future__ import annotations
 
-import math
 import os
 import statistics
 import sys
@@ -55,7 +54,7 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP  # noqa: E402
+from long_context_worker import patch_tiled_mlp  # noqa: E402  (bench/long_context_worker.py)
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
 
@@ -118,22 +117,6 @@ class LiveBytes(TorchDispatchMode):
         return out
 
 
-def _tiled_mlp(model: torch.nn.Module) -> Any:
-    """Patch the model's MLP class to TiledMLP; returns the original forward."""
-    mlp_class = type(model.model.layers[0].mlp)
-    original = mlp_class.forward
-
-    def mlp_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
-
-    def tiled_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
-        shards = math.ceil(x.shape[1] / x.shape[2])
-        return TiledMLP.apply(mlp_forward, self, x, shards, list(self.parameters()))
-
-    mlp_class.forward = tiled_forward
-    return original
-
-
 def measure(
     family: str, sequence_length: int, tiled_mlp: bool, checkpoint_offload: bool, precision: str = "fp32"
 ) -> int:
@@ -142,7 +125,7 @@ def measure(
     torch.manual_seed(0)
     dtype = torch.float32 if precision == "fp32" else torch.bfloat16
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype)
-    original_mlp = _tiled_mlp(model) if tiled_mlp else None
+    original_mlp = patch_tiled_mlp(model) if tiled_mlp else None
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
     for p in model.parameters():
         p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))

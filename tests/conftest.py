@@ -9,7 +9,9 @@ test is skipped with a reason saying how to install them; under ``DSGEN_REQUIRE_
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -32,6 +34,22 @@ def require_module(name: str) -> ModuleType:
     except ImportError as exc:  # pragma: no cover - depends on the environment
         _missing(f"{name} is not importable ({exc}); install with: pip install -e '.[test,deepspeed]'")
         raise
+
+
+def bench_module(stem: str) -> ModuleType:
+    """A script of bench/ imported as a module (once per session), for tests that run its measurement
+    or read its corpus; bench/ goes on ``sys.path`` so the script's own sibling imports resolve."""
+    name = f"dsgen_bench_{stem}"
+    if name not in sys.modules:
+        bench_dir = str(REPO_ROOT / "bench")
+        if bench_dir not in sys.path:
+            sys.path.insert(0, bench_dir)
+        spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "bench" / f"{stem}.py")
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 CORPUS_MIN_CONFIGS = 300  # the shared corpus holds 345 real configs

@@ -9,8 +9,6 @@ inventory no longer matches fails here too.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import tempfile
 from pathlib import Path
 from types import ModuleType
@@ -19,7 +17,7 @@ import pytest
 
 from dsgen.catalog.presets import get_model
 from dsgen.estimate.activations import estimate_activations
-from tests.conftest import REPO_ROOT, require_module
+from tests.conftest import bench_module, require_module
 
 
 def per_layer(preset: str, *, b: int, s: int, dtype_bytes: int, attention: str) -> int:
@@ -201,15 +199,7 @@ def test_checkpointing_keeps_layer_inputs_only() -> None:
 def _bench() -> ModuleType:
     require_module("torch")
     require_module("transformers")
-    path = REPO_ROOT / "bench" / "activation_accuracy.py"
-    name = "dsgen_bench_activation_accuracy"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return bench_module("activation_accuracy")
 
 
 @pytest.fixture(scope="module")

@@ -9,28 +9,18 @@ TiledMLP or torch's checkpoint that moves these bytes fails here.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from types import ModuleType
 
 import pytest
 
-from tests.conftest import REPO_ROOT, require_module
+from tests.conftest import bench_module, require_module
 
 
 def _bench() -> ModuleType:
     require_module("torch")
     require_module("transformers")
     require_module("deepspeed")
-    path = REPO_ROOT / "bench" / "backward_peak_accuracy.py"
-    name = "dsgen_bench_backward_peak_accuracy"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return bench_module("backward_peak_accuracy")
 
 
 @pytest.fixture(scope="module")

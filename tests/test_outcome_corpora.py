@@ -8,14 +8,12 @@ their pair-order count means something else.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import bench_module
 
 RUN_FIELDS = (
     "model",
@@ -36,14 +34,7 @@ RUN_FIELDS = (
 
 
 def _outcome_specs() -> ModuleType:
-    name = "dsgen_bench_outcome_specs"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "bench" / "outcome_specs.py")
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return bench_module("outcome_specs")
 
 
 @pytest.fixture(scope="module")

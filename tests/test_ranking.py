@@ -112,21 +112,13 @@ training: {sequence_length: 2048, global_batch_size: 256}
 def test_band_and_offload_factor_are_the_measured_figures() -> None:
     """STEP_TIME_TIE_BAND is the median pair-ratio error and CPU_OFFLOAD_MEASURED_FACTOR the median
     measured/priced offload seconds on bench/data/throughput_outcomes.yaml, re-derived here."""
-    import importlib.util
     import math
     import statistics
-    import sys
 
     from dsgen.estimate.throughput import CPU_OFFLOAD_MEASURED_FACTOR
-    from tests.conftest import REPO_ROOT
+    from tests.conftest import bench_module
 
-    sys.path.insert(0, str(REPO_ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location(
-        "dsgen_bench_throughput", REPO_ROOT / "bench" / "throughput_accuracy.py"
-    )
-    assert spec and spec.loader
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = bench_module("throughput_accuracy")
     corpus = bench.load_corpus("throughput_outcomes")
     cases, predicted, evaluations = bench.price_corpus(corpus)
     errors = bench.pair_ratio_errors(corpus, cases, predicted)

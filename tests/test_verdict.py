@@ -7,8 +7,6 @@ The band counts in dsgen.verdict.BANDS are re-derived here from bench/data/fit_o
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from types import ModuleType
 from typing import Any
 
@@ -18,19 +16,11 @@ from dsgen.doctor.diagnose import diagnose
 from dsgen.solver import solve
 from dsgen.spec.loader import load_spec_text
 from dsgen.verdict import BANDS, SAFE_LINE, band_of, classify
-from tests.conftest import EXAMPLES_DIR, REPO_ROOT
+from tests.conftest import EXAMPLES_DIR, bench_module
 
 
 def _bench(name: str) -> ModuleType:
-    module_name = f"dsgen_bench_{name}"
-    if module_name not in sys.modules:
-        sys.path.insert(0, str(REPO_ROOT / "bench"))
-        spec = importlib.util.spec_from_file_location(module_name, REPO_ROOT / "bench" / f"{name}.py")
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[module_name]
+    return bench_module(name)
 
 
 def _spec(text: str):
