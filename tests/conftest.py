@@ -12,6 +12,7 @@ import importlib
 import importlib.util
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -50,6 +51,21 @@ def bench_module(stem: str) -> ModuleType:
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return sys.modules[name]
+
+
+def single_threaded_bench(stem: str, *oracles: str) -> Iterator[ModuleType]:
+    """:func:`bench_module` for a module-scoped fixture of a bench that measures with torch: its
+    oracles required, torch held to one thread (the measurements count bytes, and the 2-core
+    machine runs other tests beside them), the thread count restored afterwards."""
+    for oracle in oracles:
+        require_module(oracle)
+    module = bench_module(stem)
+    threads = module.torch.get_num_threads()
+    module.torch.set_num_threads(1)
+    try:
+        yield module
+    finally:
+        module.torch.set_num_threads(threads)
 
 
 CORPUS_MIN_CONFIGS = 300  # the shared corpus holds 345 real configs

@@ -10,6 +10,7 @@ inventory no longer matches fails here too.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -17,7 +18,7 @@ import pytest
 
 from dsgen.catalog.presets import get_model
 from dsgen.estimate.activations import estimate_activations
-from tests.conftest import bench_module, require_module
+from tests.conftest import single_threaded_bench
 
 
 def per_layer(preset: str, *, b: int, s: int, dtype_bytes: int, attention: str) -> int:
@@ -196,19 +197,9 @@ def test_checkpointing_keeps_layer_inputs_only() -> None:
 
 
 # ---- measured against transformers ---------------------------------------------------------------
-def _bench() -> ModuleType:
-    require_module("torch")
-    require_module("transformers")
-    return bench_module("activation_accuracy")
-
-
 @pytest.fixture(scope="module")
-def bench() -> ModuleType:
-    module = _bench()
-    threads = module.torch.get_num_threads()
-    module.torch.set_num_threads(1)
-    yield module
-    module.torch.set_num_threads(threads)
+def bench() -> Iterator[ModuleType]:
+    yield from single_threaded_bench("activation_accuracy", "torch", "transformers")
 
 
 # (family, dtype, attention, checkpointing, dropout, (micro-batch, sequence)): a spread over the code paths

@@ -9,27 +9,17 @@ TiledMLP or torch's checkpoint that moves these bytes fails here.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from types import ModuleType
 
 import pytest
 
-from tests.conftest import bench_module, require_module
-
-
-def _bench() -> ModuleType:
-    require_module("torch")
-    require_module("transformers")
-    require_module("deepspeed")
-    return bench_module("backward_peak_accuracy")
+from tests.conftest import single_threaded_bench
 
 
 @pytest.fixture(scope="module")
-def bench() -> ModuleType:
-    module = _bench()
-    threads = module.torch.get_num_threads()
-    module.torch.set_num_threads(1)
-    yield module
-    module.torch.set_num_threads(threads)
+def bench() -> Iterator[ModuleType]:
+    yield from single_threaded_bench("backward_peak_accuracy", "torch", "transformers", "deepspeed")
 
 
 # (family, precision, sequence, tiled MLP, checkpoint offload): each backward phase that peaks

@@ -75,10 +75,11 @@ def layer_backward_bytes(
     post-attention norm, the MLP's saved tensors freed; then the attention, once the MLP's and the
     norm's saved tensors are freed: the largest of the three working sets counts.
 
-    ``tiled_shard_tokens``: the layer's MLP is DeepSpeed's ``TiledMLP``, which saves only its input and rebuilds one shard of that many tokens at a time
-    (with transformers' MLP even under Liger: ArcticTraining's ``LigerModelFactory`` turns Liger's
-    SwiGLU off when TiledMLP patches the MLP), beside the residual gradient and the input gradient
-    it fills (``x_grad = torch.zeros_like(x)``). MoE blocks are not priced here (the MoE layer
+    ``tiled_shard_tokens``: the layer's MLP is DeepSpeed's ``TiledMLP``, which saves only its
+    input and rebuilds one shard of that many tokens at a time (with transformers' MLP even under
+    Liger: ArcticTraining's ``LigerModelFactory`` turns Liger's SwiGLU off when TiledMLP patches
+    the MLP), beside the residual gradient and the input gradient it fills
+    (``x_grad = torch.zeros_like(x)``). MoE blocks are not priced here (the MoE layer
     inventory carries their expert working set).
     """
     h = shape.hidden_size

@@ -13,8 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from dsgen.catalog.model_shape import ModelShape
-from dsgen.estimate.activations import estimate_activations, liger_loss_transient
-from dsgen.estimate.layer_backward import layer_backward_bytes, loss_backward_bytes
 from dsgen.estimate.model_states import ModelStates, model_states
 from dsgen.estimate.optimizers import step_temporary_bytes
 from dsgen.estimate.sequence_parallel import long_context_memory
@@ -142,23 +140,6 @@ def buffer_bytes(shape: ModelShape, plan: Plan) -> int:
     return reduce + gathered + secondary
 
 
-def transient_bytes(
-    shape: ModelShape, plan: Plan, training: Training, recompute_working_set: int, logits_released: bool = False
-) -> int:
-    """The largest short-lived allocation of a step beyond saved activations.
-
-    Loss backward: the fp32 gradients of the log-softmax and of its input are formed
-    (:func:`loss_backward_bytes`; with Liger's fused loss: one logits chunk in forward,
-    :func:`liger_loss_transient`). Layer backward: its gradients
-    (:func:`dsgen.estimate.layer_backward.layer_backward_bytes`), beside one layer's activations
-    rebuilt when checkpointing. The two happen at different moments, so the larger one counts.
-    """
-    tokens = plan.micro_batch_size * training.sequence_length
-    if training.liger_kernel:
-        return max(liger_loss_transient(shape, plan.dtype_bytes, tokens), recompute_working_set)
-    return max(loss_backward_bytes(shape, plan.dtype_bytes, tokens, logits_released), recompute_working_set)
-
-
 def optimizer_step_temporary(states: ModelStates, plan: Plan, optimizer: Optimizer) -> int:
     """GPU bytes the optimizer's step allocates beyond its states (optimizers.step_temporary_bytes)
     over what DeepSpeed hands it at once (``Partitioning.stepped``). Offloaded optimizers step on
@@ -269,29 +250,12 @@ def estimate_memory(
     else:
         raise ValueError(f"unknown accounting {accounting!r}; expected one of {ACCOUNTINGS}")
     buffers = buffer_bytes(shape, plan)
-    if plan.long_context.active:  # Ulysses SP, tiling, checkpoint offload: dsgen.estimate.sequence_parallel
-        long = long_context_memory(shape, plan, training, logits_released)
-        acts, transient = long.activations, long.transient
-        buffers += long.buffers
-        host_total += hardware.gpus_per_node * long.host_per_rank
-    else:
-        acts = estimate_activations(
-            shape,
-            micro_batch_size=plan.micro_batch_size,
-            sequence_length=training.sequence_length,
-            dtype_bytes=plan.dtype_bytes,
-            attention=training.attention,
-            checkpointing=plan.checkpointing == "full",
-            selective=plan.checkpointing == "selective",
-            liger=training.liger_kernel,
-        )
-        # one layer's backward holds its gradients beside what it saved (or rebuilt): the same
-        # working set as under the long-context choices, with nothing sharded or tiled
-        backward = layer_backward_bytes(
-            shape, plan.dtype_bytes, plan.micro_batch_size * training.sequence_length, 1, training.liger_kernel
-        )
-        acts = replace(acts, recompute_working_set=acts.recompute_working_set + backward)
-        transient = transient_bytes(shape, plan, training, acts.recompute_working_set, logits_released)
+    # activations, the loss or rebuilt-layer transient, and whatever Ulysses SP, tiling and
+    # checkpoint offload change (a plan without them is the one-GPU, untiled case)
+    long = long_context_memory(shape, plan, training, logits_released)
+    acts, transient = long.activations, long.transient
+    buffers += long.buffers
+    host_total += hardware.gpus_per_node * long.host_per_rank
     dynamic = acts.total + buffers + transient
     fixed = CUDA_CONTEXT_BYTES + COMM_LIBRARY_BYTES
     gpu = GpuMemory(

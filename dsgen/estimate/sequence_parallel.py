@@ -135,8 +135,9 @@ def _attention_delta(shape: ModelShape, e: int, sp: int) -> int:
 def long_context_memory(
     shape: ModelShape, plan: Plan, training: Training, logits_released: bool = False
 ) -> LongContextMemory:
-    """Per-rank memory of ``plan``'s long-context choices (see the module docstring);
-    ``logits_released`` as in :func:`dsgen.estimate.memory.estimate_memory`."""
+    """Per-rank activation memory of any plan, with what its long-context choices change (see the
+    module docstring; without them, ``p = 1`` and nothing tiled or offloaded); ``logits_released``
+    as in :func:`dsgen.estimate.memory.estimate_memory`."""
     lc = plan.long_context
     sp = lc.sequence_parallel_size
     b, e = plan.micro_batch_size, plan.dtype_bytes
