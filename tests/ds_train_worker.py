@@ -23,6 +23,7 @@ number of optimizer steps; 4 if the config asks for something the CPU accelerato
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -155,8 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _train(args, config, started, imported)
     finally:
-        # Tear the process group down while the interpreter is whole, on every path: a gloo group
-        # left alive can abort the rank at interpreter shutdown (see tests/hf_trainer_script.py).
+        # The engine, its ZeRO optimizer and their hooks form reference cycles, so returning from
+        # _train does not free them: collect them now, while the process group they hold work on
+        # is alive; left to interpreter shutdown, gloo's threads can die mid-join and abort the
+        # rank ("terminate called without an active exception"). Then tear the group down while
+        # the interpreter is whole, on every path (see tests/hf_trainer_script.py).
+        gc.collect()
         dist.destroy_process_group()
 
 
