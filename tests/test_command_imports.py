@@ -16,7 +16,15 @@ import pytest
 from tests.conftest import EXAMPLES_DIR
 
 SPEC = str(EXAMPLES_DIR / "llama-3.1-8b-8xh100.yaml")
-WATCHED = ("jinja2", "dsgen.sweep", "dsgen.sweep_output", "dsgen.name_template", "dsgen.solver", "dsgen.render")
+WATCHED = (
+    "jinja2",
+    "jsonschema",
+    "dsgen.sweep",
+    "dsgen.sweep_output",
+    "dsgen.name_template",
+    "dsgen.solver",
+    "dsgen.render",
+)
 
 _PROBE = """
 import contextlib, io, json, sys
@@ -67,6 +75,28 @@ def test_validate_loads_no_solver(tmp_path: Path) -> None:
     code, loaded = _loaded(["validate", str(config), "--world-size", "8"], tmp_path)
     assert code in (0, 1, None)
     assert "dsgen.solver" not in loaded and "jinja2" not in loaded
+
+
+@pytest.mark.parametrize("command", ["new", "solve", "validate"])
+def test_a_valid_document_never_imports_jsonschema(command: str, tmp_path: Path) -> None:
+    """jsonschema-rs passes it (dsgen/schema_gate.py); jsonschema is imported only to explain a failure."""
+    if command == "validate":
+        config = tmp_path / "ds_config.json"
+        config.write_text(json.dumps({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 1}))
+        args = ["validate", str(config), "--world-size", "8"]
+    else:
+        args = [command, SPEC] + (["-o", str(tmp_path / "ds.json")] if command == "new" else [])
+    code, loaded = _loaded(args, tmp_path)
+    assert code in (0, None)
+    assert "jsonschema" not in loaded
+
+
+def test_an_invalid_document_is_explained_by_jsonschema(tmp_path: Path) -> None:
+    config = tmp_path / "ds_config.json"
+    config.write_text(json.dumps({"train_batch_size": "eight"}))
+    code, loaded = _loaded(["validate", str(config), "--world-size", "8"], tmp_path)
+    assert code == 1
+    assert "jsonschema" in loaded
 
 
 def test_the_probe_sees_what_a_command_does_load(tmp_path: Path) -> None:

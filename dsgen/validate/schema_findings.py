@@ -15,7 +15,8 @@ only thing to report is an ``"auto"`` that nothing resolves. Pydantic sections s
 ``additionalProperties: false`` in the schema itself, which other validators read the same way.
 A literal ``"auto"`` is valid only where the schema names it (see :func:`validator_class`).
 
-``jsonschema`` is imported on the first check, not with :mod:`dsgen.validate`.
+A config that jsonschema-rs passes (:mod:`dsgen.schema_gate`) and that holds no ``"auto"`` has no
+issues and no auto sites, and is done with; ``jsonschema`` is imported only for the others.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 
 from dsgen.jsontypes import escape_pointer_token, json_type
 from dsgen.resources import schema_path
+from dsgen.schema_gate import Gate, compile_gate, contains_string
 from dsgen.validate.versions import apply_patches, profile
 from dsgen.vocabulary import Phase, Severity
 
@@ -163,6 +165,26 @@ def validator(version: str) -> Any:
     return validator_class()(schema_for(version))
 
 
+class _GateParserKeyword:
+    """``x-dsgen-parser`` for the gate: a ``"dict"`` section takes no key its schema does not name
+    (the reading :func:`_parser_keyword` gives jsonschema). A ``"free"`` section can only fail on
+    ``"auto"``, and a config holding ``"auto"`` never reaches the gate."""
+
+    def __init__(self, parent_schema: dict[str, Any], value: Any, schema_path: list[str | int]) -> None:
+        self._strict = value == "dict"
+        self._known = frozenset(parent_schema.get("properties", {}))
+
+    def validate(self, instance: Any) -> None:
+        if self._strict and isinstance(instance, dict) and any(key not in self._known for key in instance):
+            raise ValueError("a key this section does not read")
+
+
+@cache
+def gate(version: str) -> Gate:
+    """jsonschema-rs's yes/no for one release's schema; a pass means :func:`check` finds nothing."""
+    return compile_gate(schema_for(version), {_PARSER: _GateParserKeyword})
+
+
 def _parser_keyword(validator: Any, parser: str, instance: Any, schema: dict[str, Any]) -> Iterator[Any]:
     """``x-dsgen-parser``: unknown keys of a dict-based section, ``"auto"`` in a free-form one."""
     if parser == "dict" and validator.is_type(instance, "object"):
@@ -187,8 +209,10 @@ def _autos_in(value: Any, path: tuple[str, ...]) -> Iterator[tuple[str, ...]]:
 # ---- from jsonschema errors to issues -----------------------------------------------------
 def check(config: Any, version: str) -> SchemaResult:
     """Validate ``config`` against the schema of ``version``; never raises for bad input."""
-    root = schema_for(version)
     result = SchemaResult()
+    if not contains_string(config, "auto") and gate(version)(config):
+        return result
+    root = schema_for(version)
     by_place: dict[tuple[Any, ...], list[Any]] = {}
     unknown: list[Any] = []
     free_autos: list[Any] = []
