@@ -2,8 +2,9 @@
 
 Each command runs in a fresh interpreter (``python -X importtime -m dsgen ...``); the table sums
 the import time of each package's own modules (every module's *self* time, given to its
-top-level package: dsgen, typer, PyYAML, Jinja2, jsonschema; jsonschema's dependencies
-referencing, attrs and rpds count as jsonschema, everything else as "other") and says which of
+top-level package: dsgen, typer, PyYAML, Jinja2, jsonschema, jsonschema_rs; jsonschema's
+dependencies referencing, attrs and rpds count as jsonschema, everything else as "other", the
+standard library's email package that jsonschema_rs's extension imports included) and says which of
 dsgen's heavier parts the command loaded at all.
 Import times move with the machine's load; which packages a command loads does not (that is
 what tests/test_command_imports.py holds). Median of ``--runs`` runs per command.
@@ -24,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 SPEC = REPO / "examples" / "llama-3.1-8b-8xh100.yaml"
 #: Packages shown as columns; everything else is summed under "other".
-PACKAGES = ("dsgen", "typer", "yaml", "jinja2", "jsonschema")
+PACKAGES = ("dsgen", "typer", "yaml", "jinja2", "jsonschema", "jsonschema_rs")
 #: Packages that only ever come in as a column's dependencies, and count as that column.
 DEPENDENCIES = {
     "referencing": "jsonschema",

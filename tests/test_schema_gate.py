@@ -158,3 +158,23 @@ def test_the_gate_never_passes_what_jsonschema_rejects(real_configs: list[dict[s
         return
     if schema_findings.gate(version)(document):
         assert jsonschema_finds_nothing(document, version), document
+
+
+@pytest.fixture(scope="module")
+def shipped_specs() -> list[dict[str, Any]]:
+    files = sorted(EXAMPLES_DIR.glob("*.yaml"))
+    return [load_yaml(file.read_text(encoding="utf-8"), str(file))[0] for file in files]
+
+
+_SPEC_KEYS = st.sampled_from(["preset", "gpu", "nodes", "zero_stage", "precision", "sequence_length", "auto"])
+
+
+@settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_the_spec_gate_never_passes_what_jsonschema_rejects(shipped_specs: list[dict[str, Any]], data: Any) -> None:
+    spec = data.draw(st.sampled_from(shipped_specs))
+    value = data.draw(st.one_of(_VALUES, st.dictionaries(_SPEC_KEYS, _VALUES, max_size=3)))
+    document = _replace_one(spec, data.draw(st.integers(min_value=0)), value)
+    schema_file = schema_path("spec")
+    if schema_errors._gate(schema_file)(document):
+        assert not list(schema_errors.load_validator(schema_file).iter_errors(document)), document
