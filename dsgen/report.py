@@ -9,7 +9,7 @@ from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
 from dsgen.plan import Plan, plan_dict
 from dsgen.solver import Evaluation, SolveResult, gib
 from dsgen.spec.types import Spec
-from dsgen.targets.long_context import liger_note, long_context_notes
+from dsgen.targets.long_context import attention_note, liger_note, long_context_notes
 from dsgen.text_table import text_table
 from dsgen.units import GIB
 from dsgen.verdict import SAFE_LINE
@@ -194,10 +194,9 @@ def script_requirements(spec: Spec, plan: Plan) -> str:
             "function under torch.utils.checkpoint(..., use_reentrant=False), e.g. register a wrapped function "
             "with transformers' AttentionInterface and load the model with that attn_implementation"
         )
-    if spec.training.attention == "flash":
-        needs.append(
-            'load the model with attn_implementation="flash_attention_2" (memory was sized for FlashAttention)'
-        )
+    attention = attention_note(spec)
+    if attention:
+        needs.append(attention)
     optimizer = spec.training.optimizer
     if is_client_optimizer(optimizer):
         needs.append(

@@ -17,6 +17,7 @@ from typing import TypeVar
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.errors import DsgenError, InfeasibleError
+from dsgen.estimate.kernel_limits import kernel_limit
 from dsgen.estimate.memory import HOST_RESERVE, MemoryEstimate, estimate_memory
 from dsgen.estimate.optimizers import is_client_optimizer
 from dsgen.estimate.throughput import STEP_TIME_TIE_BAND, StepTime, estimate_step_time
@@ -24,7 +25,7 @@ from dsgen.long_context import long_context_choices, sequence_parallel_degrees, 
 from dsgen.plan import LongContext, Plan, ZeroKnobs
 from dsgen.spec.types import Spec
 from dsgen.units import GIB
-from dsgen.verdict import FitVerdict, classify
+from dsgen.verdict import FitVerdict, classify, invalid
 from dsgen.vocabulary import CHECKPOINTING_MODES, OFFLOAD_DEVICES, Accounting, Checkpointing, OffloadDevice, Precision
 
 # ties break toward the simpler plan: no offload, then CPU, then NVMe; no recomputation, then
@@ -45,6 +46,7 @@ class Evaluation:
     usable_gpu_bytes: int
     usable_cpu_bytes: int
     sequence_length: int
+    kernel_limit: str | None = None  # why a kernel fails on this plan whatever the memory (kernel_limits.py)
 
     @property
     def fits_gpu(self) -> bool:
@@ -60,14 +62,15 @@ class Evaluation:
 
     @property
     def feasible(self) -> bool:
-        return self.fits_gpu and self.fits_cpu and self.fits_nvme
+        return self.fits_gpu and self.fits_cpu and self.fits_nvme and self.kernel_limit is None
 
     @property
     def fit(self) -> FitVerdict:
         """The calibrated verdict (fits | tight | oom | host-oom) of this plan's memory, with its fill
         and band (dsgen.verdict); independent of the spec's own memory_headroom, which decides
-        ``feasible``."""
-        return classify(self.memory.gpu.total, self.memory.gpu.capacity, self.fits_cpu and self.fits_nvme)
+        ``feasible``. A plan a kernel cannot run is ``invalid``, whatever its memory."""
+        verdict = classify(self.memory.gpu.total, self.memory.gpu.capacity, self.fits_cpu and self.fits_nvme)
+        return invalid(verdict.fill) if self.kernel_limit is not None else verdict
 
     @property
     def tokens_per_s(self) -> float:
@@ -81,8 +84,8 @@ class Evaluation:
         return max(ratios)
 
     def reason(self) -> str:
-        """Why this plan does not fit, with numbers (empty when it fits)."""
-        problems = []
+        """Why this plan does not fit or run, with numbers (empty when it does)."""
+        problems = [self.kernel_limit] if self.kernel_limit is not None else []
         if not self.fits_gpu:
             problems.append(f"needs {gib(self.memory.gpu.total)} per GPU, {gib(self.usable_gpu_bytes)} usable")
         if not self.fits_cpu:
@@ -495,6 +498,7 @@ def evaluate(spec: Spec, plan: Plan, accounting: Accounting = "dsgen") -> Evalua
         usable_gpu_bytes=usable_gpu,
         usable_cpu_bytes=usable_cpu,
         sequence_length=spec.training.sequence_length,
+        kernel_limit=kernel_limit(spec.model, plan, spec.training.sequence_length, spec.training.attention),
     )
 
 
@@ -751,7 +755,8 @@ def fits_any(spec: Spec) -> bool:
     degree and the largest one (larger degrees hold fewer tokens per GPU; only the fp32
     gradient-reduction copy appears with SP, so 1 is tried too), every trick it allows (with and
     without checkpoint offload, which trades GPU memory for host RAM), the smallest micro-batch
-    and the leanest knobs. Only memory is priced, leanest structures (ZeRO-3, offload) first.
+    and the leanest knobs. Only memory and the kernel limits are priced (the largest degree has
+    the smallest per-rank query tensor), leanest structures (ZeRO-3, offload) first.
     """
     global_batch = global_batch_target(spec).sequences
     search = _long_context_searchable(spec)
@@ -776,6 +781,7 @@ def fits_any(spec: Spec) -> bool:
                     memory.gpu.total <= usable_gpu
                     and memory.cpu.total <= usable_cpu
                     and memory.nvme.total <= memory.nvme.capacity
+                    and kernel_limit(spec.model, plan, spec.training.sequence_length, spec.training.attention) is None
                 ):
                     return True
     return False
@@ -912,6 +918,11 @@ def require_feasible(result: SolveResult) -> Evaluation:
 
 
 def _infeasible_hint(spec: Spec, miss: Evaluation) -> str:
+    if miss.kernel_limit is not None:
+        return (
+            "use attention: flash3 (FlashAttention-3, Hopper GPUs) or sdpa, a larger "
+            "constraints.sequence_parallel_size (more GPUs), or a shorter training.sequence_length"
+        )
     if not miss.fits_cpu:
         return "add host RAM (hardware.cpu_memory_gib), declare NVMe (hardware.nvme), or add nodes"
     if not miss.fits_gpu:

@@ -29,6 +29,10 @@ Severity = Literal["error", "warning"]
 #: config and silently does something the author probably did not mean.
 Phase = Literal["config", "engine", "lint"]
 
+#: transformers' ``attn_implementation`` for each of the spec's attention kernels (``training.attention``):
+#: FlashAttention-2, FlashAttention-3 (Hopper only), PyTorch SDPA, and the eager score matrix.
+HF_ATTN_IMPLEMENTATION = {"flash": "flash_attention_2", "flash3": "flash_attention_3", "sdpa": "sdpa", "eager": "eager"}
+
 PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 PRECISION_CHOICES: tuple[PrecisionChoice, ...] = get_args(PrecisionChoice)
 OFFLOAD_DEVICES: tuple[OffloadDevice, ...] = get_args(OffloadDevice)

@@ -77,13 +77,16 @@ def test_accelerate_launch_turns_sp_on(tmp_path: Path, monkeypatch: pytest.Monke
     assert config.sp_handler.sp_attn_implementation == "sdpa"
 
 
-def test_trainer_environment_builds_the_parallelism_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("attention", "implementation"), [("flash", "flash_attention_2"), ("flash3", "flash_attention_3")])
+def test_trainer_environment_builds_the_parallelism_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, attention: str, implementation: str
+) -> None:
     """launch.sh exports what Accelerator() (which the Trainer builds) reads when no
-    TrainingArguments.parallelism_config is given."""
+    TrainingArguments.parallelism_config is given; its attention is one Accelerate accepts."""
     require_module("accelerate")
     from accelerate.parallelism_config import ParallelismConfig
 
-    _, _, bundle, dest = _bundle(tmp_path, "hf-trainer", launcher="torchrun")
+    _, _, bundle, dest = _bundle(tmp_path, "hf-trainer", attention=attention, launcher="torchrun")
     script = (dest / "launch.sh").read_text()
     exports = dict(
         re.findall(r"^export (PARALLELISM_CONFIG_\w+|ACCELERATE_USE_PARALLELISM_CONFIG)=(\S+)$", script, re.M)
@@ -92,7 +95,8 @@ def test_trainer_environment_builds_the_parallelism_config(tmp_path: Path, monke
     for key, value in exports.items():
         monkeypatch.setenv(key, value)
     config = ParallelismConfig()
-    assert config.sp_size == 8 and config.sp_handler.sp_attn_implementation == "flash_attention_2"
+    assert config.sp_size == 8 and config.sp_handler.sp_attn_implementation == implementation
+    assert any(f'attn_implementation="{implementation}"' in note for note in bundle.notes)
     # and the calls no file carries are in launch.sh's header and the printed notes
     assert any("TiledMLP.apply" in note for note in bundle.notes)
     assert "TiledMLP.apply" in script

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from dsgen.units import GIB
 
 FLASH_ATTENTION_MIN_MAJOR = 8  # compute capability major version FlashAttention-2 needs
+FLASH_ATTENTION_3_MAJOR = 9  # FlashAttention-3 is written for Hopper (sm90) only
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,15 @@ class GpuSpec:
         if self.vendor != "nvidia" or not self.compute_capability:
             return True
         return int(self.compute_capability.split(".")[0]) >= FLASH_ATTENTION_MIN_MAJOR
+
+    @property
+    def runs_flash_attention_3(self) -> bool:
+        """FlashAttention-3 runs on Hopper, compute capability 9.0 (flash-attention's hopper/
+        README: "H100 / H800 GPU"); not on Ampere, Ada or Blackwell. Not judged without a stated
+        compute capability."""
+        if self.vendor != "nvidia" or not self.compute_capability:
+            return True
+        return int(self.compute_capability.split(".")[0]) == FLASH_ATTENTION_3_MAJOR
 
     @property
     def memory_bytes(self) -> int:

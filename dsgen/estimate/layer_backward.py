@@ -24,16 +24,35 @@ def mlp_saved_bytes(shape: ModelShape, e: int, liger: bool) -> int:
     return (4 if shape.gated_mlp else 2) * e * shape.intermediate_size
 
 
-def _attention_backward(shape: ModelShape, e: int, sp: int) -> int:
+def _attention_backward(shape: ModelShape, e: int, sp: int, attention: str) -> int:
     """Bytes per local token of gradients alive while one layer's attention runs backward (fused
     kernels): the layer output's gradient on the residual path ``e·h``; the attention output's
     gradient ``e·q`` (under Ulysses the head-sharded one: the all-to-all's input is freed once it
     has run); dq, dk and dv (k and v replicated to one head per rank when there are fewer
-    key/value heads than ``p``); FlashAttention-2's fp32 dq accumulator and softmax_d
-    (``mha_bwd``: ``dq_accum`` and ``softmax_d`` are float32)."""
+    key/value heads than ``p``); the kernel's own backward buffers (:func:`_kernel_workspace`)."""
     q = shape.q_size
     kv = max(shape.num_key_value_heads, sp) * shape.head_dim
-    return e * shape.hidden_size + e * q + e * (q + 2 * kv) + FP32 * (q + shape.num_attention_heads)
+    return e * shape.hidden_size + e * q + e * (q + 2 * kv) + _kernel_workspace(shape, e, sp, attention)
+
+
+def _kernel_workspace(shape: ModelShape, e: int, sp: int, attention: str) -> int:
+    """Bytes per local token the attention kernel allocates for its backward.
+
+    Grouped-query attention here means a rank's query heads outnumber its key/value heads
+    (``heads != max(kv_heads, p)``). FlashAttention-2 (``csrc/flash_attn/flash_api.cpp``
+    ``mha_bwd``): ``dq_accum`` (fp32, q-wide), ``softmax_d`` (fp32, one per head) and, for
+    grouped-query attention, ``dk_expanded`` and ``dv_expanded`` (16-bit, over every query head,
+    summed into dk and dv at the end). FlashAttention-3 (``hopper/flash_api.cpp`` ``mha_bwd``):
+    ``dq_accum``, ``softmax_d`` and ``softmax_lse_log2`` (fp32), and for grouped-query attention
+    ``dk_accum`` and ``dv_accum`` (fp32, over the key/value heads only). SDPA is priced with
+    FlashAttention-2's accumulators and without the expansion (what it does for grouped-query
+    attention depends on its backend; ``bench/backward_peak_accuracy.py`` measures the CPU one)."""
+    q, heads = shape.q_size, shape.num_attention_heads
+    kv_heads = max(shape.num_key_value_heads, sp)
+    grouped = kv_heads != heads
+    if attention == "flash3":
+        return FP32 * (q + 2 * heads + (2 * kv_heads * shape.head_dim if grouped else 0))
+    return FP32 * (q + heads) + (2 * e * q if grouped and attention == "flash" else 0)
 
 
 def _freed_before_attention(shape: ModelShape, e: int, sp: int, liger: bool, mlp_saved: int) -> int:
@@ -67,7 +86,13 @@ def _mlp_backward(shape: ModelShape, e: int, liger: bool) -> int:
 
 
 def layer_backward_bytes(
-    shape: ModelShape, e: int, tokens: int, sp: int, liger: bool, tiled_shard_tokens: int | None = None
+    shape: ModelShape,
+    e: int,
+    tokens: int,
+    sp: int,
+    liger: bool,
+    attention: str,
+    tiled_shard_tokens: int | None = None,
 ) -> int:
     """Gradient bytes one layer's backward holds at its high point, over ``tokens`` local tokens.
 
@@ -102,7 +127,7 @@ def layer_backward_bytes(
     priced_norm = upcast_rmsnorm(shape) and not liger and not shape.is_moe
     norm = tokens * (_norm_backward(shape, e) - mlp_saved) if priced_norm else 0
     freed = _freed_before_attention(shape, e, sp, liger, mlp_saved)
-    return max(mlp, norm, tokens * (_attention_backward(shape, e, sp) - freed))
+    return max(mlp, norm, tokens * (_attention_backward(shape, e, sp, attention) - freed))
 
 
 def loss_backward_bytes(shape: ModelShape, dtype_bytes: int, tokens: int, logits_released: bool) -> int:

@@ -160,7 +160,7 @@ def long_context_memory(
     if tiled:
         per_token -= mlp_saved_bytes(shape, e, training.liger_kernel)  # what the layer inventory counted
         shard = -(-tokens // tiled_mlp_shards(shape, s_local))
-    backward = layer_backward_bytes(shape, e, tokens, sp, training.liger_kernel, shard)
+    backward = layer_backward_bytes(shape, e, tokens, sp, training.liger_kernel, training.attention, shard)
     layer_delta = tokens * per_token
     if full:
         layers = base.layers

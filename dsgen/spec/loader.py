@@ -347,10 +347,17 @@ class _SpecBuilder:
         )
 
     def attention(self, block: dict[str, Any], gpu: GpuSpec) -> str:
-        """The attention kernel: FlashAttention-2 needs compute capability 8.0 (gpu.runs_flash_attention).
-        Written by the user on an older GPU it is refused; left to the default it becomes sdpa
+        """The attention kernel: FlashAttention-2 needs compute capability 8.0 (gpu.runs_flash_attention),
+        FlashAttention-3 a Hopper GPU (gpu.runs_flash_attention_3). Written by the user on a GPU that
+        cannot run it, either is refused; left to the default it becomes sdpa
         (same memory in dsgen's model: both fused, no score matrix), with a note in the output."""
         given = block.get("attention")
+        if given == "flash3" and not gpu.runs_flash_attention_3:
+            raise self.fail(
+                ("training", "attention"),
+                f"FlashAttention-3 runs on Hopper GPUs (compute capability 9.0); {gpu.name} has {gpu.compute_capability}",
+                hint="use attention: flash (FlashAttention-2) or sdpa",
+            )
         if gpu.runs_flash_attention or given not in (None, "flash"):
             return str(given or spec_default("training.attention"))
         cc = gpu.compute_capability

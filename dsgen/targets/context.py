@@ -29,7 +29,7 @@ from dsgen.deepspeed_blocks import COSINE_MIN_RATIO, optimizer_block, scheduler_
 from dsgen.estimate.optimizers import client_optimizer_class, is_client_optimizer
 from dsgen.plan import Plan
 from dsgen.spec.types import Spec
-from dsgen.targets.long_context import check_target, liger_note, long_context_notes
+from dsgen.targets.long_context import attention_note, check_target, liger_note, long_context_notes
 
 #: TrainingArguments ``optim`` for the optimizers the training script builds itself.
 HF_CLIENT_OPTIM = {"adafactor": "adafactor", "adamw-8bit": "adamw_bnb_8bit"}
@@ -196,10 +196,9 @@ def script_notes(spec: Spec, plan: Plan, target: str, optimizer: dict[str, Any])
     micro = plan.micro_batch_size
     if target in ("accelerate", "lightning"):
         notes.append(f"give the training DataLoader batch_size={micro} (the plan's micro-batch per GPU)")
-    if spec.training.attention == "flash":
-        notes.append(
-            'load the model with attn_implementation="flash_attention_2" (memory was sized for FlashAttention)'
-        )
+    attention = attention_note(spec)
+    if attention:
+        notes.append(attention)
     if spec.training.liger_kernel:
         notes.append(liger_note(spec, plan, target))
     if plan.checkpointing == "full" and target in ("accelerate", "lightning", "deepspeed"):

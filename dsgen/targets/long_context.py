@@ -19,9 +19,7 @@ from dsgen.errors import DsgenError
 from dsgen.estimate.sequence_parallel import SP_COMMUNICATION_DTYPE, tiled_mlp_shards
 from dsgen.plan import Plan
 from dsgen.spec.types import Spec
-
-#: transformers' attn_implementation for each of the spec's attention kernels.
-HF_ATTENTION = {"flash": "flash_attention_2", "sdpa": "sdpa"}
+from dsgen.vocabulary import HF_ATTN_IMPLEMENTATION
 
 
 def check_target(plan: Plan, target: str) -> None:
@@ -66,7 +64,7 @@ def accelerate_parallelism_config(spec: Spec, plan: Plan) -> dict[str, object]:
         "parallelism_config_sp_backend": "deepspeed",
         "parallelism_config_sp_seq_length": str(spec.training.sequence_length),
         "parallelism_config_sp_seq_length_is_variable": False,
-        "parallelism_config_sp_attn_implementation": HF_ATTENTION[spec.training.attention],
+        "parallelism_config_sp_attn_implementation": HF_ATTN_IMPLEMENTATION[spec.training.attention],
     }
 
 
@@ -91,6 +89,16 @@ def long_context_templates(spec: Spec, plan: Plan) -> dict[str, object]:
     }
 
 
+def attention_note(spec: Spec) -> str | None:
+    """How the script must load the model for the attention kernel memory was sized for (sdpa is
+    transformers' default, so it needs no line)."""
+    attention = spec.training.attention
+    if attention in ("sdpa", "eager"):
+        return None
+    kernel = "FlashAttention-3, which runs on Hopper GPUs" if attention == "flash3" else "FlashAttention"
+    return f'load the model with attn_implementation="{HF_ATTN_IMPLEMENTATION[attention]}" (memory was sized for {kernel})'
+
+
 def liger_note(spec: Spec, plan: Plan, target: str) -> str:
     """How the model gets Liger-Kernel's kernels (memory was sized for them). Under TiledMLP the
     MLP stays transformers' (Liger's SwiGLU off), as ArcticTraining's LigerModelFactory does."""
@@ -110,7 +118,7 @@ def long_context_notes(spec: Spec, plan: Plan, target: str) -> list[str]:
     lc = plan.long_context
     notes: list[str] = []
     sp = lc.sequence_parallel_size
-    attn = HF_ATTENTION.get(spec.training.attention, spec.training.attention)
+    attn = HF_ATTN_IMPLEMENTATION[spec.training.attention]
     framework_sp = target in ("hf-trainer", "accelerate")
     if sp > 1 and not framework_sp:
         notes.append(
