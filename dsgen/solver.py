@@ -66,11 +66,13 @@ class Evaluation:
 
     @property
     def fit(self) -> FitVerdict:
-        """The calibrated verdict (fits | tight | oom | host-oom) of this plan's memory, with its fill
+        """The calibrated verdict (fits | tight | oom | host-oom | invalid) of this plan, with its fill
         and band (dsgen.verdict); independent of the spec's own memory_headroom, which decides
-        ``feasible``. A plan a kernel cannot run is ``invalid``, whatever its memory."""
+        ``feasible``. A plan a kernel cannot run is ``invalid``, unless its memory already rules it
+        out (``oom``, ``host-oom``), which stays the verdict."""
         verdict = classify(self.memory.gpu.total, self.memory.gpu.capacity, self.fits_cpu and self.fits_nvme)
-        return invalid(verdict.fill) if self.kernel_limit is not None else verdict
+        runs_out = verdict.verdict in ("oom", "host-oom")
+        return invalid(verdict.fill) if self.kernel_limit is not None and not runs_out else verdict
 
     @property
     def tokens_per_s(self) -> float:

@@ -15,7 +15,7 @@ from dsgen.estimate.kernel_limits import INDEX_LIMIT, kernel_limit
 from dsgen.estimate.layer_backward import _kernel_workspace
 from dsgen.frontier import frontier_point
 from dsgen.plan import LongContext, Plan
-from dsgen.solver import require_feasible, solve
+from dsgen.solver import evaluate, require_feasible, solve
 from dsgen.spec.loader import load_spec_text
 
 LLAMA_8B = get_model("llama-3.1-8b")
@@ -45,7 +45,9 @@ def _plan(micro: int = 1, sp: int = 1) -> Plan:
         (4_194_304, 1, 8, True),
     ],
 )
-def test_flash_attention_2_stops_at_2_to_the_31_query_elements(sequence: int, micro: int, sp: int, limited: bool) -> None:
+def test_flash_attention_2_stops_at_2_to_the_31_query_elements(
+    sequence: int, micro: int, sp: int, limited: bool
+) -> None:
     why = kernel_limit(LLAMA_8B, _plan(micro, sp), sequence, "flash")
     assert (why is not None) == limited
     if limited:
@@ -104,3 +106,33 @@ def test_flash_attention_3_is_refused_off_hopper() -> None:
     assert error.value.path == "training.attention"
     assert "Hopper" in error.value.message
     assert load_spec_text(ONE_H100.format(gpu="h200", sequence=4096, attention="flash3")).training.attention == "flash3"
+
+
+def test_a_plan_whose_memory_fits_but_whose_kernel_cannot_run_is_invalid() -> None:
+    """530,432 tokens on one H100: FlashAttention-3's plan fits at 80 %; the same plan under
+    FlashAttention-2 fits in memory too (85 %) but its queries pass 2^31 elements."""
+    fa3 = load_spec_text(ONE_H100.format(gpu="h100-80gb", sequence=530_432, attention="flash3"))
+    fa2 = load_spec_text(ONE_H100.format(gpu="h100-80gb", sequence=530_432, attention="flash"))
+    best = solve(fa3).best
+    assert best is not None and best.fit.verdict == "fits"
+    under_fa2 = evaluate(fa2, best.plan)
+    assert under_fa2.fits_gpu and not under_fa2.feasible
+    assert under_fa2.fit.verdict == "invalid"
+    assert under_fa2.reason().startswith("FlashAttention-2 indexes with 32-bit offsets")
+
+
+def test_a_plan_that_runs_out_of_memory_keeps_its_oom_verdict_and_the_doctor_names_the_limit() -> None:
+    from dsgen.doctor.diagnose import diagnose
+
+    spec = load_spec_text(ONE_H100.format(gpu="h100-80gb", sequence=600_000, attention="flash"))
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "bf16": {"enabled": True},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-5}},
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}},
+    }
+    found = diagnose(config, spec)
+    assert found.verdict == "oom"  # no checkpointing in the spec: memory rules it out first
+    limit = [f for f in found.findings if f.code == "kernel-limit"]
+    assert len(limit) == 1 and limit[0].severity == "error" and "flash3" in (limit[0].hint or "")

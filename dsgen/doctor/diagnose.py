@@ -455,6 +455,16 @@ def _memory_findings(
         )
     if fit.verdict == "host-oom":
         findings.append(DoctorFinding("error", "host-memory", f"predicted {evaluation.reason()}"))
+    if evaluation.kernel_limit is not None:
+        findings.append(
+            DoctorFinding(
+                "error",
+                "kernel-limit",
+                evaluation.kernel_limit,
+                "use attention: flash3 (FlashAttention-3, Hopper GPUs) in the spec and the script, "
+                "a larger Ulysses degree, or a shorter sequence",
+            )
+        )
     return findings
 
 
