@@ -17,7 +17,7 @@ from typing import TypeVar
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.errors import DsgenError, InfeasibleError
-from dsgen.estimate.kernel_limits import kernel_limit
+from dsgen.estimate.kernel_limits import KERNEL_LIMIT_HINT, kernel_limit
 from dsgen.estimate.memory import HOST_RESERVE, MemoryEstimate, estimate_memory
 from dsgen.estimate.optimizers import is_client_optimizer
 from dsgen.estimate.throughput import STEP_TIME_TIE_BAND, StepTime, estimate_step_time
@@ -921,10 +921,7 @@ def require_feasible(result: SolveResult) -> Evaluation:
 
 def _infeasible_hint(spec: Spec, miss: Evaluation) -> str:
     if miss.kernel_limit is not None:
-        return (
-            "use attention: flash3 (FlashAttention-3, Hopper GPUs) or sdpa, a larger "
-            "constraints.sequence_parallel_size (more GPUs), or a shorter training.sequence_length"
-        )
+        return KERNEL_LIMIT_HINT
     if not miss.fits_cpu:
         return "add host RAM (hardware.cpu_memory_gib), declare NVMe (hardware.nvme), or add nodes"
     if not miss.fits_gpu:

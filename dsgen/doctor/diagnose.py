@@ -21,6 +21,7 @@ from dsgen.doctor.oom_match import OomReading, read_oom
 from dsgen.doctor.oom_message import OomMessage, parse_oom
 from dsgen.doctor.parallelism import accelerate_data_parallel_size, sp_disagreement, trainer_sp_size
 from dsgen.errors import DsgenError, ExitCode
+from dsgen.estimate.kernel_limits import KERNEL_LIMIT_HINT
 from dsgen.estimate.sequence_parallel import sp_violation
 from dsgen.plan import Plan
 from dsgen.report import PHASE_LABELS
@@ -461,8 +462,7 @@ def _memory_findings(
                 "error",
                 "kernel-limit",
                 evaluation.kernel_limit,
-                "use attention: flash3 (FlashAttention-3, Hopper GPUs) in the spec and the script, "
-                "a larger Ulysses degree, or a shorter sequence",
+                KERNEL_LIMIT_HINT,
             )
         )
     return findings

@@ -27,6 +27,11 @@ from dsgen.plan import Plan
 
 #: Elements in one tensor from which FlashAttention-2's 32-bit offsets overflow.
 INDEX_LIMIT = 2**31
+#: The ways out of :func:`kernel_limit`, as solve and doctor both give them.
+KERNEL_LIMIT_HINT = (
+    "use attention: flash3 (FlashAttention-3, Hopper GPUs) or sdpa in the spec and the script, a larger "
+    "constraints.sequence_parallel_size (more GPUs), or a shorter training.sequence_length"
+)
 
 
 def attention_query_elements(shape: ModelShape, plan: Plan, sequence_length: int) -> int:
