@@ -7,8 +7,8 @@ Reads bench/data/long_context_runs.yaml (each run with its source and a quote) a
    rank; dsgen's solve says fits / does not fit, against what happened. Goal: >= 90 %.
 2. ``dsgen frontier`` for Llama-3.1-8B on 1, 8 and 32 H100 80GB (1.9 TB host RAM per node, as the
    ALST runs had) against the paper's 500K, 3.7M and 15M. Goal: within x1.25.
-3. Predicted against published throughput where a source gives one (tokens/s, or iteration time).
-   Goal: median ratio within x1.5.
+3. Predicted against published speed where a source gives one (tokens/s, or seconds per optimizer
+   step; both as predicted speed / published speed). Goal: median ratio within x1.5.
 
 Run: .venv/bin/python bench/long_context_published.py
 """
@@ -48,7 +48,8 @@ def spec_data(run: dict[str, Any], host_gib: float) -> dict[str, Any]:
         },
         "training": {
             "sequence_length": run["sequence_length"],
-            "global_batch_size": gpus // sp,  # one sequence per data-parallel rank
+            # one sequence per data-parallel rank, unless the source states its global batch
+            "global_batch_size": run.get("global_batch_size", gpus // sp),
             "attention": run.get("attention", "flash"),
             "liger_kernel": run.get("liger_kernel", False),
         },
@@ -86,10 +87,16 @@ def main() -> int:
         if "measured_peak_gib" in run:
             peaks.append(peak / run["measured_peak_gib"])
             note = f"measured {run['measured_peak_gib']} GB (x{peaks[-1]:.2f}); {note}"
-        if "tokens_per_s" in run and e.feasible:
+        # Speed is compared for every run that published one: the run trained, so its plan's step
+        # time means something whatever verdict dsgen gives its memory.
+        if "tokens_per_s" in run:
             ratio = e.tokens_per_s / run["tokens_per_s"]
             ratios.append(ratio)
             note += f" tokens/s {e.tokens_per_s:,.0f} vs {run['tokens_per_s']:,} published (x{ratio:.2f})"
+        if "iteration_s" in run:
+            ratio = run["iteration_s"] / e.step.total_s  # predicted speed / published speed, as tokens/s
+            ratios.append(ratio)
+            note += f" step {e.step.total_s:,.0f} s vs {run['iteration_s']:,} s published (speed x{ratio:.2f})"
         mark = "" if verdict == run["outcome"] else "  <-- disagrees"
         name = ("* " if heldout else "  ") + run["id"]
         print(f"  {name:<46} {run['outcome']:>9} {verdict:>6}  {peak:6.1f} GiB {note}{mark}")
@@ -142,7 +149,8 @@ def main() -> int:
         median = statistics.median(ratios)
         factor = max(median, 1 / median)
         print(
-            f"  {len(ratios)} run(s); median predicted/published x{median:.2f} (goal within x{THROUGHPUT_GOAL}): {'met' if factor <= THROUGHPUT_GOAL else 'NOT met'}"
+            f"  {len(ratios)} run(s); median predicted/published speed x{median:.2f}, range x{min(ratios):.2f}-x{max(ratios):.2f} "
+            f"(goal within x{THROUGHPUT_GOAL}): {'met' if factor <= THROUGHPUT_GOAL else 'NOT met'}"
         )
     else:
         print("  no published throughput in the corpus")
