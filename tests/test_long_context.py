@@ -214,3 +214,71 @@ def test_all_to_all_and_offload_traffic_from_deepspeeds_shapes() -> None:
     assert checkpoint_offload_s(spec.model, offload, spec.hardware, spec.training, 0.8) == pytest.approx(
         moved / (64e9 * 0.8)
     )
+
+
+def _ulysses_plan(checkpointing: str, sp: int = 8):
+    from dsgen.plan import Plan
+
+    return Plan(
+        precision="bf16", zero_stage=2, offload_optimizer="none", offload_param="none", checkpointing=checkpointing,
+        micro_batch_size=1, gradient_accumulation_steps=1, data_parallel_size=8, long_context=LongContext(sp),
+    )  # fmt: skip
+
+
+def _million_token_spec(gpu: str):
+    text = spec_text(seq=1_048_576, batch=1).replace("gpu: h100-80gb", f"gpu: {gpu}")
+    return load_spec_text(text, file="spec.yaml", base_dir=EXAMPLES_DIR)
+
+
+def test_attention_core_runs_at_flashattention_2s_published_hopper_speed() -> None:
+    """FlashAttention-3 paper (arXiv 2407.08608), head dim 128 on H100 SXM5 at 16K: FlashAttention-2's
+    causal forward 335 and backward 322 TFLOPs/s, counted as flash-attention's benchmark counts them
+    (a causal forward is half of 4·s²·d per head, a backward 2.5 forwards). Llama 3.1 8B, 1,048,576
+    tokens, SP 8 over 8 H100s: each GPU runs 4 of the 32 heads over the whole sequence, 1/8 of the
+    causal forward 32 layers x 4 x 4,096 x s^2 / 2; with checkpointing it runs the forward twice."""
+    from dsgen.estimate.sequence_parallel_time import attention_s
+
+    spec = _million_token_spec("h100-80gb")
+    s = 1_048_576
+    forward = 32 * 4 * 4096 * s * s / 2 / 8
+    share = spec.hardware.gpu.peak_tflops("bf16") / 989.4  # the figures are the H100 SXM5's, of a 989.4 peak
+    expected = forward * (2 / (335e12 * share) + 2.5 / (322e12 * share))
+    plan = _ulysses_plan("full")
+    assert attention_s(spec.model, plan, spec.hardware, spec.training, mfu_flops=1.0) == pytest.approx(expected)
+    # without checkpointing one forward fewer, not a third less of everything
+    no_recompute = forward * (1 / (335e12 * share) + 2.5 / (322e12 * share))
+    assert attention_s(spec.model, _ulysses_plan("none"), spec.hardware, spec.training, 1.0) == pytest.approx(
+        no_recompute
+    )
+
+
+def test_attention_core_without_a_published_speed_runs_at_the_mfu() -> None:
+    """A100: no FlashAttention measurement in dsgen, so the causal half of the PaLM attention term
+    (forward 4·L·q·s per token, backward twice that, the recompute once more) runs at the MFU rate."""
+    from dsgen.estimate.sequence_parallel_time import attention_s
+
+    spec = _million_token_spec("a100-80gb")
+    s = 1_048_576
+    forward = 32 * 4 * 4096 * s * s / 2 / 8
+    rate = 123e12
+    assert attention_s(spec.model, _ulysses_plan("full"), spec.hardware, spec.training, rate) == pytest.approx(
+        forward * (2 + 2) / rate
+    )
+
+
+def test_long_context_compute_is_the_matmuls_at_the_mfu_plus_the_attention_core() -> None:
+    """ZeRO-2 (no ZeRO-3 overhead), whole-layer checkpointing: the PaLM FLOPs without their attention
+    term, x 4/3, at 40 % of the peak x t/(t + 256) for t = s/8 tokens per GPU, plus the core alone."""
+    from dsgen.estimate.sequence_parallel_time import attention_s
+    from dsgen.estimate.throughput import estimate_step_time, model_flops_per_token
+
+    spec = _million_token_spec("h100-80gb")
+    s = 1_048_576
+    plan = _ulysses_plan("full")
+    peak = spec.hardware.gpu.peak_tflops("bf16") * 1e12
+    t = s // 8
+    rate = peak * 0.40 * t / (t + 256)
+    matmuls = (model_flops_per_token(spec.model, s) - 12 * 32 * 4096 * s) * s
+    core = attention_s(spec.model, plan, spec.hardware, spec.training, rate)
+    step = estimate_step_time(spec.model, plan, spec.hardware, spec.training)
+    assert step.compute_s == pytest.approx(matmuls * 4 / 3 / (8 * rate) + core)

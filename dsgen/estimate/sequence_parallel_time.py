@@ -10,8 +10,9 @@ adds them to the plan's compute, exposed communication and offload time.
   NVLink while ``p`` fits in a node and the inter-node link beyond.
 - SP gradient reduction in ``seq_parallel_communication_data_type`` (fp32 by default): the ZeRO
   gradient traffic is sent in 4 bytes instead of 2; the extra half is counted as exposed.
-- Causal attention: a long-context plan's attention is priced as the causal kernels run it, half
-  of the full score matrix.
+- The attention core: a long-context plan's attention is priced as the causal kernels run it (half
+  of the full score matrix) at the kernel's measured speed (:mod:`dsgen.estimate.attention_speed`),
+  apart from the matmuls the MFU prices.
 - TiledMLP recomputes every MLP forward once more in backward (its docstring: "the forward
   occurs twice each iteration, and thrice with activation checkpointing").
 - Checkpoint offload: every checkpointed layer input goes to host RAM in forward and comes back
@@ -23,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dsgen.catalog.model_shape import ModelShape
+from dsgen.estimate.attention_speed import attention_seconds, kernel_shares
 from dsgen.estimate.sequence_parallel import SP_COMMUNICATION_BYTES
 from dsgen.plan import Plan
 from dsgen.spec.types import Hardware, Training
@@ -32,7 +34,9 @@ from dsgen.spec.types import Hardware, Training
 class LongContextTime:
     """Seconds per step the long-context choices add, by where they land in :class:`StepTime`."""
 
-    extra_flops: float  # hardware FLOPs per step, all GPUs: TiledMLP's recompute less the causal saving
+    attention_model_flops: float  # the PaLM attention term per step, all GPUs: priced here, not at the MFU
+    attention_s: float  # the attention core's seconds per step on one GPU, recompute included
+    tiled_mlp_flops: float  # TiledMLP's extra MLP forward per step, all GPUs (at the MFU)
     exposed_comm_s: float  # all-to-all and the fp32 SP gradient reduction
     offload_s: float  # checkpoint offload over PCIe
 
@@ -71,16 +75,27 @@ def sp_gradient_reduction_s(shape: ModelShape, plan: Plan, hardware: Hardware, e
     return reductions * extra * shape.parameter_count() * (n - 1) / n / (link * 1e9 * efficiency)
 
 
-def causal_attention_saving(shape: ModelShape, plan: Plan, training: Training) -> float:
-    """FLOPs per step a causal kernel skips: FlashAttention computes only the blocks on and below
-    the diagonal, half of the ``12·L·s·width`` per token the PaLM accounting charges (with whole-
-    layer checkpointing the recomputed forward skips them too). At 100K+ tokens attention is most
-    of the work, so the factor matters; plain plans keep the PaLM figure (see docs/throughput-model.md)."""
-    if shape.encoder_only:
-        return 0.0
+def attention_model_flops(shape: ModelShape, plan: Plan, training: Training) -> float:
+    """The attention core's FLOPs per step in the PaLM accounting, ``12·L·width·s`` per token
+    (:func:`dsgen.estimate.throughput.model_flops_per_token`'s attention term), all GPUs."""
     tokens = plan.global_batch_size * training.sequence_length
-    passes = 4 / 3 if plan.checkpointing == "full" else 1.0
-    return 6.0 * shape.num_layers * shape.attention_score_width * training.sequence_length * tokens * passes
+    return 12.0 * shape.num_layers * shape.attention_score_width * training.sequence_length * tokens
+
+
+def attention_s(shape: ModelShape, plan: Plan, hardware: Hardware, training: Training, mfu_flops: float) -> float:
+    """Seconds per step of the attention core on one GPU (Ulysses: its heads over the whole sequence,
+    a ``1/world`` share of the work). A causal decoder's fused kernel computes only the blocks on and
+    below the diagonal, half the full score matrix; where its speed is published it runs at that
+    speed, elsewhere at ``mfu_flops`` (the plan's MFU rate per GPU, FLOP/s) in the PaLM accounting
+    (a backward is two forwards). Eager attention and encoders compute the whole matrix. One forward
+    more with checkpointing (whole-layer or selective: both recompute the core)."""
+    forward = attention_model_flops(shape, plan, training) / 3 / hardware.world_size  # PaLM: forward is 4 of 12
+    forwards = 2 if plan.checkpointing in ("full", "selective") else 1
+    causal = not shape.encoder_only and training.attention != "eager"
+    shares = kernel_shares(hardware.gpu, training.attention) if causal else None
+    if shares is not None:
+        return attention_seconds(forward / 2, forwards, hardware.gpu.peak_tflops(plan.precision) * 1e12, shares)
+    return (forward / 2 if causal else forward) * (forwards + 2) / mfu_flops
 
 
 def tiled_mlp_flops(shape: ModelShape, plan: Plan, training: Training) -> float:
@@ -110,13 +125,17 @@ def long_context_time(
     training: Training,
     collective_efficiency: float,
     pcie_efficiency: float,
+    mfu_flops: float,
 ) -> LongContextTime:
-    """Every long-context step-time term of ``plan``; the link efficiencies are the throughput
-    model's (:mod:`dsgen.estimate.throughput`), passed in so they are written once."""
+    """Every long-context step-time term of ``plan``; the link efficiencies and the MFU rate per GPU
+    (FLOP/s) are the throughput model's (:mod:`dsgen.estimate.throughput`), passed in so they are
+    written once."""
     comm = all_to_all_s(shape, plan, hardware, training, collective_efficiency)
     comm += sp_gradient_reduction_s(shape, plan, hardware, collective_efficiency)
     return LongContextTime(
-        extra_flops=tiled_mlp_flops(shape, plan, training) - causal_attention_saving(shape, plan, training),
+        attention_model_flops=attention_model_flops(shape, plan, training),
+        attention_s=attention_s(shape, plan, hardware, training, mfu_flops),
+        tiled_mlp_flops=tiled_mlp_flops(shape, plan, training),
         exposed_comm_s=comm,
         offload_s=checkpoint_offload_s(shape, plan, hardware, training, pcie_efficiency),
     )

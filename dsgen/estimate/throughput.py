@@ -99,33 +99,72 @@ def estimate_step_time(shape: ModelShape, plan: Plan, hardware: Hardware, traini
     """Predict the wall time of one optimizer step (pure function of its inputs): compute, the
     communication compute does not hide, and offload traffic, each priced by its own function."""
     flops = model_flops_per_token(shape, training.sequence_length) * tokens_per_step(plan, training)
-    compute = compute_s(shape, plan, hardware, training, flops)
-    exposed = exposed_communication_s(shape, plan, hardware, compute)
-    offload = offload_s(shape, plan, hardware, training)
     if plan.long_context.active:  # Ulysses SP, TiledMLP, checkpoint offload (sequence_parallel_time)
-        long = long_context_time(shape, plan, hardware, training, COLLECTIVE_EFFICIENCY, PCIE_EFFICIENCY)
-        compute += compute_s(shape, plan, hardware, training, long.extra_flops)
-        exposed += long.exposed_comm_s
-        offload += long.offload_s
+        long = long_context_time(
+            shape,
+            plan,
+            hardware,
+            training,
+            COLLECTIVE_EFFICIENCY,
+            PCIE_EFFICIENCY,
+            _mfu_flops(plan, hardware, training),
+        )
+        # the attention core runs at its kernel's rate, apart from the MFU-priced matmuls
+        compute = compute_s(shape, plan, hardware, training, flops - long.attention_model_flops, attention_apart=True)
+        apart = _at_mfu_s(plan, hardware, training, long.tiled_mlp_flops) + long.attention_s
+        compute += apart * _zero3_overhead(plan)
+        exposed = exposed_communication_s(shape, plan, hardware, compute) + long.exposed_comm_s
+        offload = offload_s(shape, plan, hardware, training) + long.offload_s
+    else:
+        compute = compute_s(shape, plan, hardware, training, flops)
+        exposed = exposed_communication_s(shape, plan, hardware, compute)
+        offload = offload_s(shape, plan, hardware, training)
     return StepTime(compute_s=compute, exposed_comm_s=exposed, offload_s=offload, model_flops=flops)
 
 
-def compute_s(shape: ModelShape, plan: Plan, hardware: Hardware, training: Training, model_flops: float) -> float:
+def _micro_batch_efficiency(plan: Plan, training: Training) -> float:
+    """Small micro-batches run small kernels: ``t / (t + 256)`` for the ``t`` tokens one GPU holds
+    (Ulysses: ``b·s/p``)."""
+    tokens = plan.micro_batch_size * training.sequence_length // plan.sequence_parallel_size
+    return tokens / (tokens + MICRO_BATCH_TOKENS_HALF_EFFICIENCY)
+
+
+def _mfu_flops(plan: Plan, hardware: Hardware, training: Training) -> float:
+    """FLOP/s one GPU reaches: its dense peak at the assumed MFU and micro-batch efficiency."""
+    peak = hardware.gpu.peak_tflops(plan.precision) * 1e12
+    return peak * assumed_mfu(training, plan) * _micro_batch_efficiency(plan, training)
+
+
+def _at_mfu_s(plan: Plan, hardware: Hardware, training: Training, hardware_flops: float) -> float:
+    """Seconds for ``hardware_flops`` spread over every GPU at :func:`_mfu_flops`."""
+    return hardware_flops / (hardware.world_size * _mfu_flops(plan, hardware, training))
+
+
+def compute_s(
+    shape: ModelShape,
+    plan: Plan,
+    hardware: Hardware,
+    training: Training,
+    model_flops: float,
+    *,
+    attention_apart: bool = False,
+) -> float:
     """Seconds of compute per step: the model's FLOPs plus what backward recomputes, at the assumed
-    MFU scaled by micro-batch efficiency; ZeRO-3's hooks and gathers slow compute further."""
+    MFU scaled by micro-batch efficiency; ZeRO-3's hooks and gathers slow compute further.
+    ``attention_apart``: the attention core is priced elsewhere (long-context plans), so selective
+    recomputation, which recomputes only that core, adds nothing here."""
     s = training.sequence_length
-    tokens_per_gpu_micro = plan.micro_batch_size * s // plan.sequence_parallel_size  # Ulysses: s/p per GPU
     hardware_flops = model_flops
     if plan.checkpointing == "full":
         hardware_flops += model_flops / 3  # one more forward pass
-    elif plan.checkpointing == "selective":  # the attention core's forward again (QK^T and PV: 4·L·q·s per token)
+    elif plan.checkpointing == "selective" and not attention_apart:
+        # the attention core's forward again (QK^T and PV: 4·L·q·s per token)
         hardware_flops += 4 * shape.num_layers * shape.q_size * s * tokens_per_step(plan, training)
-    size_efficiency = tokens_per_gpu_micro / (tokens_per_gpu_micro + MICRO_BATCH_TOKENS_HALF_EFFICIENCY)
-    peak = hardware.gpu.peak_tflops(plan.precision) * 1e12
-    compute = hardware_flops / (hardware.world_size * peak * assumed_mfu(training, plan) * size_efficiency)
-    if plan.zero_stage == 3:
-        compute *= ZERO3_COMPUTE_OVERHEAD
-    return compute
+    return _at_mfu_s(plan, hardware, training, hardware_flops) * _zero3_overhead(plan)
+
+
+def _zero3_overhead(plan: Plan) -> float:
+    return ZERO3_COMPUTE_OVERHEAD if plan.zero_stage == 3 else 1.0
 
 
 def exposed_communication_s(shape: ModelShape, plan: Plan, hardware: Hardware, compute: float) -> float:

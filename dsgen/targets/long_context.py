@@ -96,7 +96,9 @@ def attention_note(spec: Spec) -> str | None:
     if attention in ("sdpa", "eager"):
         return None
     kernel = "FlashAttention-3, which runs on Hopper GPUs" if attention == "flash3" else "FlashAttention"
-    return f'load the model with attn_implementation="{HF_ATTN_IMPLEMENTATION[attention]}" (memory was sized for {kernel})'
+    return (
+        f'load the model with attn_implementation="{HF_ATTN_IMPLEMENTATION[attention]}" (memory was sized for {kernel})'
+    )
 
 
 def liger_note(spec: Spec, plan: Plan, target: str) -> str:
