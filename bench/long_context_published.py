@@ -63,6 +63,8 @@ def main() -> int:
     host = corpus["host_gib"]
     agree = {False: 0, True: 0}  # by heldout
     counted = {False: 0, True: 0}
+    tries = [0, 0]  # agreeing, counted: the recipes' commented-out lengths (held out)
+    by_fill: dict[str, list[str]] = {"(0, 90%]": [], "(90%, 100%]": [], "above 100%": []}  # outcomes by GPU fill
     peaks: list[float] = []
     ratios: list[float] = []
     print("1. verdicts (pinned settings); * = held out (first priced after the model was written)")
@@ -77,11 +79,18 @@ def main() -> int:
         # as every recipe leaves it); constraints cannot pin the share, so the plan is re-priced
         # with it, as bench/outcome_specs.py does for the fit corpus.
         e = evaluate(spec, replace(shown.plan, offload_ratio=1.0)) if shown.plan.offload_optimizer != "none" else shown
-        # dsgen's own verdict of that plan (what solve prints for it); tight and host-oom count as
-        # not fitting, as bench/fit_accuracy.py counts them
-        verdict = "fits" if e.fit.verdict == "fits" else "oom"
+        # dsgen's own verdict of that plan (what solve prints for it); tight counts as not fitting,
+        # as bench/fit_accuracy.py counts it, and host-oom is right only for a run that ran out of
+        # host memory
+        verdict = {"fits": "fits", "host-oom": "host_oom"}.get(e.fit.verdict, "oom")
         agree[heldout] += verdict == run["outcome"]
         counted[heldout] += 1
+        if e.fit.verdict in ("fits", "tight", "oom"):  # a GPU verdict: where its fill says the run stood
+            band = "(0, 90%]" if e.fit.fill <= 0.9 else "(90%, 100%]" if e.fit.fill <= 1.0 else "above 100%"
+            by_fill[band].append(run["outcome"])
+        if run.get("recipe_try"):
+            tries[0] += verdict == run["outcome"]
+            tries[1] += 1
         peak = e.memory.gpu.total / 2**30
         note = f"{e.fit.verdict} at {e.fit.fill:.0%}; " + ("" if e.feasible else e.reason())
         if "measured_peak_gib" in run:
@@ -106,6 +115,18 @@ def main() -> int:
             f"  agreement, {label}: {agree[heldout]}/{counted[heldout]} = {share:.0%} "
             f"(goal >= {VERDICT_GOAL:.0%}): {'met' if share >= VERDICT_GOAL else 'NOT met'}"
         )
+    if tries[1]:
+        rest = (agree[True] - tries[0], counted[True] - tries[1])
+        print(
+            f"    of which the recipes' commented-out tries: {tries[0]}/{tries[1]}; "
+            f"the other held-out runs: {rest[0]}/{rest[1]}"
+        )
+    print(
+        "  outcomes by dsgen's predicted GPU fill (runs with a GPU verdict; the fit corpus's bands are dsgen.verdict.BANDS):"
+    )
+    for band, outcomes in by_fill.items():
+        counts = ", ".join(f"{outcomes.count(o)} {o}" for o in ("fits", "oom", "host_oom"))
+        print(f"    {band:12} {len(outcomes):3} runs: {counts}")
     total = sum(agree.values()) / sum(counted.values())
     print(f"  agreement, all: {sum(agree.values())}/{sum(counted.values())} = {total:.0%}")
     if peaks:
