@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 from dataclasses import replace  # noqa: E402
 
 from dsgen.api import frontier_of, load_spec, solve_spec  # noqa: E402
-from dsgen.solver import evaluate  # noqa: E402
+from dsgen.solver import Evaluation, evaluate  # noqa: E402
 
 DATA = REPO / "bench" / "data" / "long_context_runs.yaml"
 VERDICT_GOAL, FRONTIER_GOAL, THROUGHPUT_GOAL = 0.90, 1.25, 1.5
@@ -58,6 +58,18 @@ def spec_data(run: dict[str, Any], host_gib: float) -> dict[str, Any]:
     }
 
 
+def priced(run: dict[str, Any], host_gib: float) -> Evaluation:
+    """dsgen's evaluation of ``run`` with its own settings pinned (what ``solve`` prints for it)."""
+    spec = load_spec(spec_data(run, host_gib))
+    result = solve_spec(spec)
+    shown = result.best if result.best is not None else result.closest
+    assert shown is not None
+    # The run offloaded its whole optimizer (DeepSpeed's default offload_optimizer.ratio, 1.0, as
+    # every recipe leaves it); constraints cannot pin the share, so the plan is re-priced with it,
+    # as bench/outcome_specs.py does for the fit corpus.
+    return evaluate(spec, replace(shown.plan, offload_ratio=1.0)) if shown.plan.offload_optimizer != "none" else shown
+
+
 def main() -> int:
     corpus = yaml.safe_load(DATA.read_text())
     host = corpus["host_gib"]
@@ -71,14 +83,7 @@ def main() -> int:
     print(f"  {'run':<46} {'published':>9} {'dsgen':>6}  peak GPU   note")
     for run in corpus["runs"]:
         heldout = bool(run.get("heldout"))
-        spec = load_spec(spec_data(run, host))
-        result = solve_spec(spec)
-        shown = result.best if result.best is not None else result.closest
-        assert shown is not None
-        # The run offloaded its whole optimizer (DeepSpeed's default offload_optimizer.ratio, 1.0,
-        # as every recipe leaves it); constraints cannot pin the share, so the plan is re-priced
-        # with it, as bench/outcome_specs.py does for the fit corpus.
-        e = evaluate(spec, replace(shown.plan, offload_ratio=1.0)) if shown.plan.offload_optimizer != "none" else shown
+        e = priced(run, host)
         # dsgen's own verdict of that plan (what solve prints for it); tight counts as not fitting,
         # as bench/fit_accuracy.py counts it, and host-oom is right only for a run that ran out of
         # host memory

@@ -70,7 +70,12 @@ class Evaluation:
         and band (dsgen.verdict); independent of the spec's own memory_headroom, which decides
         ``feasible``. A plan a kernel cannot run is ``invalid``, unless its memory already rules it
         out (``oom``, ``host-oom``), which stays the verdict."""
-        verdict = classify(self.memory.gpu.total, self.memory.gpu.capacity, self.fits_cpu and self.fits_nvme)
+        verdict = classify(
+            self.memory.gpu.total,
+            self.memory.gpu.capacity,
+            self.fits_cpu and self.fits_nvme,
+            long_context=self.plan.long_context.active,
+        )
         runs_out = verdict.verdict in ("oom", "host-oom")
         return invalid(verdict.fill) if self.kernel_limit is not None and not runs_out else verdict
 

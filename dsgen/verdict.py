@@ -43,6 +43,8 @@ class Band:
     high: float  # ``inf`` for the band above capacity
     runs: int
     gpu_oom: int  # of those, how many ran out of GPU memory
+    runs_are: str = "published runs"
+    corpus: str = "bench/data/fit_outcomes.yaml"
 
     def evidence(self) -> str:
         """The sentence a user reads beside the verdict."""
@@ -50,10 +52,15 @@ class Band:
             where = f"above {self.low:.0%} of capacity"
         else:
             where = f"at {self.low:.0%}-{self.high:.0%} of capacity"
-        return (
-            f"of the {self.runs} published runs predicted {where}, {self.gpu_oom} ran out of GPU memory "
-            "(bench/data/fit_outcomes.yaml)"
-        )
+        return f"of the {self.runs} {self.runs_are} predicted {where}, {self.gpu_oom} ran out of GPU memory ({self.corpus})"
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "low": round(self.low, 4),
+            "high": None if self.high == float("inf") else round(self.high, 4),
+            "published_runs": self.runs,
+            "published_gpu_oom": self.gpu_oom,
+        }
 
 
 #: Calibration on the 48 published runs of bench/data/fit_outcomes.yaml that the doctor does not
@@ -66,6 +73,20 @@ BANDS: tuple[Band, ...] = (
 )
 
 
+#: The same bands on the long-context corpus (bench/data/long_context_runs.yaml: ArcticTraining's
+#: recipes, their commented-out tries and Hugging Face's Ulysses benchmark; bench/long_context_published.py
+#: prints them as "outcomes by dsgen's predicted GPU fill"). Between the safe line and capacity those
+#: runs mostly fit, where the short-sequence corpus's mostly ran out (docs/prediction-accuracy.md:
+#: fixed-length packed samples and expandable segments leave little fragmentation). The bands, and so
+#: the verdicts, stay the corpus's above; a long-context plan's evidence states both.
+_LONG_CONTEXT = {"runs_are": "published long-context runs", "corpus": "bench/data/long_context_runs.yaml"}
+LONG_CONTEXT_BANDS: tuple[Band, ...] = (
+    Band("fits", 0.0, SAFE_LINE, runs=36, gpu_oom=0, **_LONG_CONTEXT),
+    Band("tight", SAFE_LINE, 1.0, runs=16, gpu_oom=2, **_LONG_CONTEXT),
+    Band("oom", 1.0, float("inf"), runs=11, gpu_oom=10, **_LONG_CONTEXT),
+)
+
+
 @dataclass(frozen=True)
 class FitVerdict:
     """A verdict with the numbers behind it: ``fill`` is predicted GPU bytes / capacity."""
@@ -73,47 +94,46 @@ class FitVerdict:
     verdict: Verdict
     fill: float
     band: Band | None  # None for host-oom and invalid
+    long_context_band: Band | None = None  # the long-context corpus's band, for long-context plans
 
     @property
     def evidence(self) -> str | None:
-        return self.band.evidence() if self.band is not None and self.verdict == "tight" else None
+        if self.band is None or self.verdict != "tight":
+            return None
+        if self.long_context_band is None:
+            return self.band.evidence()
+        return f"{self.band.evidence()}; {self.long_context_band.evidence()}"
 
     def as_dict(self) -> dict[str, object]:
-        """The JSON every command carries: ``verdict``, ``fill`` and the band's edges."""
+        """The JSON every command carries: ``verdict``, ``fill`` and the band's edges (and, for a
+        long-context plan, the long-context corpus's counts in the same band)."""
         return {
             "verdict": self.verdict,
             "fill": round(self.fill, 4),
-            "band": (
-                {
-                    "low": round(self.band.low, 4),
-                    "high": None if self.band.high == float("inf") else round(self.band.high, 4),
-                    "published_runs": self.band.runs,
-                    "published_gpu_oom": self.band.gpu_oom,
-                }
-                if self.band is not None
-                else None
-            ),
+            "band": self.band.as_dict() if self.band is not None else None,
+            "long_context_band": self.long_context_band.as_dict() if self.long_context_band is not None else None,
             "safe_line": round(SAFE_LINE, 4),
             "evidence": self.evidence,
         }
 
 
-def band_of(fill: float) -> Band:
+def band_of(fill: float, bands: tuple[Band, ...] = BANDS) -> Band:
     """The calibrated band a GPU fill falls in (the safe line itself is ``fits``, capacity ``tight``)."""
     if fill <= SAFE_LINE:
-        return BANDS[0]
+        return bands[0]
     if fill <= 1.0:
-        return BANDS[1]
-    return BANDS[2]
+        return bands[1]
+    return bands[2]
 
 
-def classify(gpu_total: int, gpu_capacity: int, host_ok: bool) -> FitVerdict:
-    """The verdict of a prediction: host-oom when the host or NVMe is short, else by GPU band."""
+def classify(gpu_total: int, gpu_capacity: int, host_ok: bool, long_context: bool = False) -> FitVerdict:
+    """The verdict of a prediction: host-oom when the host or NVMe is short, else by GPU band;
+    ``long_context`` (Ulysses, tiling or checkpoint offload) adds that corpus's band as evidence."""
     fill = gpu_total / gpu_capacity if gpu_capacity else float("inf")
     if not host_ok:
         return FitVerdict("host-oom", fill, None)
     band = band_of(fill)
-    return FitVerdict(band.verdict, fill, band)
+    return FitVerdict(band.verdict, fill, band, band_of(fill, LONG_CONTEXT_BANDS) if long_context else None)
 
 
 def invalid(fill: float | None = None) -> FitVerdict:

@@ -15,7 +15,7 @@ import pytest
 from dsgen.doctor.diagnose import diagnose
 from dsgen.solver import solve
 from dsgen.spec.loader import load_spec_text
-from dsgen.verdict import BANDS, SAFE_LINE, band_of, classify
+from dsgen.verdict import BANDS, LONG_CONTEXT_BANDS, SAFE_LINE, band_of, classify
 from tests.conftest import EXAMPLES_DIR, bench_module
 
 
@@ -55,6 +55,40 @@ def test_bands_are_the_corpus_outcomes_of_the_doctors_own_predictions() -> None:
         counts[band.verdict][0] += 1
         counts[band.verdict][1] += case["outcome"] == "oom"
     assert counts == {band.verdict: [band.runs, band.gpu_oom] for band in BANDS}
+
+
+def test_long_context_bands_are_that_corpus_outcomes_of_dsgens_own_predictions() -> None:
+    """LONG_CONTEXT_BANDS re-derived from bench/data/long_context_runs.yaml with the plans the
+    long-context bench prices (each run's settings pinned): runs with a GPU verdict, by band."""
+    import yaml
+
+    bench = _bench("long_context_published")
+    corpus = yaml.safe_load(bench.DATA.read_text())
+    counts = {band.verdict: [0, 0] for band in LONG_CONTEXT_BANDS}
+    for run in corpus["runs"]:
+        e = bench.priced(run, corpus["host_gib"])
+        if e.fit.verdict not in ("fits", "tight", "oom"):
+            continue
+        band = band_of(e.fit.fill, LONG_CONTEXT_BANDS)
+        counts[band.verdict][0] += 1
+        counts[band.verdict][1] += run["outcome"] == "oom"
+    assert counts == {band.verdict: [band.runs, band.gpu_oom] for band in LONG_CONTEXT_BANDS}
+
+
+def test_a_tight_long_context_plan_states_both_corpora() -> None:
+    plain = classify(95, 100, host_ok=True)
+    long = classify(95, 100, host_ok=True, long_context=True)
+    assert plain.verdict == long.verdict == "tight"  # the verdict stays the fit corpus's
+    assert plain.long_context_band is None and plain.as_dict()["long_context_band"] is None
+    assert long.evidence is not None and long.evidence.startswith(plain.evidence or "?")
+    assert "long-context runs" in long.evidence and "bench/data/long_context_runs.yaml" in long.evidence
+    assert long.as_dict()["long_context_band"] == {
+        "low": 0.9,
+        "high": 1.0,
+        "published_runs": LONG_CONTEXT_BANDS[1].runs,
+        "published_gpu_oom": LONG_CONTEXT_BANDS[1].gpu_oom,
+    }
+    assert classify(50, 100, host_ok=True, long_context=True).evidence is None  # fits states nothing
 
 
 # ---- fixes from the solver's search --------------------------------------------------------------
