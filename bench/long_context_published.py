@@ -29,6 +29,7 @@ from dataclasses import replace  # noqa: E402
 
 from dsgen.api import frontier_of, load_spec, solve_spec  # noqa: E402
 from dsgen.solver import Evaluation, evaluate  # noqa: E402
+from dsgen.verdict import LONG_CONTEXT_BANDS, Band, band_of  # noqa: E402
 
 DATA = REPO / "bench" / "data" / "long_context_runs.yaml"
 VERDICT_GOAL, FRONTIER_GOAL, THROUGHPUT_GOAL = 0.90, 1.25, 1.5
@@ -70,13 +71,23 @@ def priced(run: dict[str, Any], host_gib: float) -> Evaluation:
     return evaluate(spec, replace(shown.plan, offload_ratio=1.0)) if shown.plan.offload_optimizer != "none" else shown
 
 
+def outcomes_by_band(evaluated: list[tuple[dict[str, Any], Evaluation]]) -> dict[Band, list[str]]:
+    """The published outcomes of the runs dsgen gives a GPU verdict, by the band (dsgen.verdict's
+    edges) their predicted fill falls in: the evidence dsgen.verdict.LONG_CONTEXT_BANDS states."""
+    bands: dict[Band, list[str]] = {band: [] for band in LONG_CONTEXT_BANDS}
+    for run, e in evaluated:
+        if e.fit.verdict in ("fits", "tight", "oom"):
+            bands[band_of(e.fit.fill, LONG_CONTEXT_BANDS)].append(run["outcome"])
+    return bands
+
+
 def main() -> int:
     corpus = yaml.safe_load(DATA.read_text())
     host = corpus["host_gib"]
     agree = {False: 0, True: 0}  # by heldout
     counted = {False: 0, True: 0}
     tries = [0, 0]  # agreeing, counted: the recipes' commented-out lengths (held out)
-    by_fill: dict[str, list[str]] = {"(0, 90%]": [], "(90%, 100%]": [], "above 100%": []}  # outcomes by GPU fill
+    evaluated: list[tuple[dict[str, Any], Evaluation]] = []
     peaks: list[float] = []
     ratios: list[float] = []
     print("1. verdicts (pinned settings); * = held out (first priced after the model was written)")
@@ -90,9 +101,7 @@ def main() -> int:
         verdict = {"fits": "fits", "host-oom": "host_oom"}.get(e.fit.verdict, "oom")
         agree[heldout] += verdict == run["outcome"]
         counted[heldout] += 1
-        if e.fit.verdict in ("fits", "tight", "oom"):  # a GPU verdict: where its fill says the run stood
-            band = "(0, 90%]" if e.fit.fill <= 0.9 else "(90%, 100%]" if e.fit.fill <= 1.0 else "above 100%"
-            by_fill[band].append(run["outcome"])
+        evaluated.append((run, e))
         if run.get("recipe_try"):
             tries[0] += verdict == run["outcome"]
             tries[1] += 1
@@ -126,12 +135,15 @@ def main() -> int:
             f"    of which the recipes' commented-out tries: {tries[0]}/{tries[1]}; "
             f"the other held-out runs: {rest[0]}/{rest[1]}"
         )
-    print(
-        "  outcomes by dsgen's predicted GPU fill (runs with a GPU verdict; the fit corpus's bands are dsgen.verdict.BANDS):"
-    )
-    for band, outcomes in by_fill.items():
+    print("  outcomes by the band of dsgen's predicted GPU fill (runs with a GPU verdict):")
+    for band, outcomes in outcomes_by_band(evaluated).items():
         counts = ", ".join(f"{outcomes.count(o)} {o}" for o in ("fits", "oom", "host_oom"))
-        print(f"    {band:12} {len(outcomes):3} runs: {counts}")
+        high = "inf" if band.high == float("inf") else f"{band.high:.0%}"
+        label = f"({band.low:.0%}, {high}]"
+        print(
+            f"    {label:12} {len(outcomes):3} runs: {counts}"
+            f"  (dsgen.verdict.LONG_CONTEXT_BANDS says {band.runs} / {band.gpu_oom} out of GPU memory)"
+        )
     total = sum(agree.values()) / sum(counted.values())
     print(f"  agreement, all: {sum(agree.values())}/{sum(counted.values())} = {total:.0%}")
     if peaks:

@@ -189,6 +189,16 @@ def test_sweeps_vary_the_long_context_keys(tmp_path) -> None:
     assert all(isinstance(rows[n]["tiled_loss"], bool) for n in rows)
 
 
+def _ulysses_plan(checkpointing: str, sp: int = 8):
+    """Llama-on-8-GPUs plan with Ulysses ``sp``: ZeRO-2, bf16, micro-batch 1, one micro-step."""
+    from dsgen.plan import Plan
+
+    return Plan(
+        precision="bf16", zero_stage=2, offload_optimizer="none", offload_param="none", checkpointing=checkpointing,
+        micro_batch_size=1, gradient_accumulation_steps=1, data_parallel_size=8, long_context=LongContext(sp),
+    )  # fmt: skip
+
+
 def test_all_to_all_and_offload_traffic_from_deepspeeds_shapes() -> None:
     """Hand-counted from UlyssesSPAttentionHF's tensors: Llama 3.1 8B, SP 8, 131,072 tokens, bf16,
     one micro-step, no checkpointing. Each rank holds 16,384 tokens; per layer and pass it sends
@@ -199,13 +209,9 @@ def test_all_to_all_and_offload_traffic_from_deepspeeds_shapes() -> None:
     from dataclasses import replace as dc_replace
 
     from dsgen.estimate.sequence_parallel_time import all_to_all_s, checkpoint_offload_s
-    from dsgen.plan import Plan
 
     spec = spec_of(seq=131072)
-    plan = Plan(
-        precision="bf16", zero_stage=2, offload_optimizer="none", offload_param="none", checkpointing="none",
-        micro_batch_size=1, gradient_accumulation_steps=1, data_parallel_size=8, long_context=LongContext(8),
-    )  # fmt: skip
+    plan = _ulysses_plan("none")
     per_layer_pass = 16384 * (4096 + 4096 + 1024 + 1024) * 2 * 7 / 8
     expected = per_layer_pass * 2 * 32 / (450e9 * 0.7)
     assert all_to_all_s(spec.model, plan, spec.hardware, spec.training, 0.7) == pytest.approx(expected)
@@ -214,15 +220,6 @@ def test_all_to_all_and_offload_traffic_from_deepspeeds_shapes() -> None:
     assert checkpoint_offload_s(spec.model, offload, spec.hardware, spec.training, 0.8) == pytest.approx(
         moved / (64e9 * 0.8)
     )
-
-
-def _ulysses_plan(checkpointing: str, sp: int = 8):
-    from dsgen.plan import Plan
-
-    return Plan(
-        precision="bf16", zero_stage=2, offload_optimizer="none", offload_param="none", checkpointing=checkpointing,
-        micro_batch_size=1, gradient_accumulation_steps=1, data_parallel_size=8, long_context=LongContext(sp),
-    )  # fmt: skip
 
 
 def _million_token_spec(gpu: str):

@@ -64,14 +64,8 @@ def test_long_context_bands_are_that_corpus_outcomes_of_dsgens_own_predictions()
 
     bench = _bench("long_context_published")
     corpus = yaml.safe_load(bench.DATA.read_text())
-    counts = {band.verdict: [0, 0] for band in LONG_CONTEXT_BANDS}
-    for run in corpus["runs"]:
-        e = bench.priced(run, corpus["host_gib"])
-        if e.fit.verdict not in ("fits", "tight", "oom"):
-            continue
-        band = band_of(e.fit.fill, LONG_CONTEXT_BANDS)
-        counts[band.verdict][0] += 1
-        counts[band.verdict][1] += run["outcome"] == "oom"
+    evaluated = [(run, bench.priced(run, corpus["host_gib"])) for run in corpus["runs"]]
+    counts = {band.verdict: [len(out), out.count("oom")] for band, out in bench.outcomes_by_band(evaluated).items()}
     assert counts == {band.verdict: [band.runs, band.gpu_oom] for band in LONG_CONTEXT_BANDS}
 
 

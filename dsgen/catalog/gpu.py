@@ -35,22 +35,31 @@ class GpuSpec:
     description: str = ""
 
     @property
+    def compute_major(self) -> int | None:
+        """NVIDIA compute capability's major version (9 for Hopper); None for other vendors or
+        when the spec does not state it."""
+        if self.vendor != "nvidia" or not self.compute_capability:
+            return None
+        return int(self.compute_capability.split(".")[0])
+
+    @property
+    def is_hopper(self) -> bool:
+        """Known to be a Hopper GPU (compute capability 9.x: H100, H200)."""
+        return self.compute_major == FLASH_ATTENTION_3_MAJOR
+
+    @property
     def runs_flash_attention(self) -> bool:
         """FlashAttention-2 runs on NVIDIA compute capability 8.0 and newer (Ampere, Ada, Hopper,
         Blackwell; its README: "Turing GPUs not supported yet"); V100 (7.0) and T4 (7.5) cannot.
         A GPU without a stated compute capability is not judged."""
-        if self.vendor != "nvidia" or not self.compute_capability:
-            return True
-        return int(self.compute_capability.split(".")[0]) >= FLASH_ATTENTION_MIN_MAJOR
+        return self.compute_major is None or self.compute_major >= FLASH_ATTENTION_MIN_MAJOR
 
     @property
     def runs_flash_attention_3(self) -> bool:
         """FlashAttention-3 runs on Hopper, compute capability 9.0 (flash-attention's hopper/
         README: "H100 / H800 GPU"); not on Ampere, Ada or Blackwell. Not judged without a stated
         compute capability."""
-        if self.vendor != "nvidia" or not self.compute_capability:
-            return True
-        return int(self.compute_capability.split(".")[0]) == FLASH_ATTENTION_3_MAJOR
+        return self.compute_major is None or self.is_hopper
 
     @property
     def memory_bytes(self) -> int:

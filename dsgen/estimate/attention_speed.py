@@ -19,7 +19,8 @@ from dsgen.catalog.gpu import GpuSpec
 
 _H100_SXM_PEAK_TFLOPS = 989.4
 # (forward, backward) TFLOPs/s on H100 SXM5, head dim 128, 16K tokens, causal forward
-_HOPPER_TFLOPS = {"flash": (335.0, 322.0), "sdpa": (335.0, 322.0), "flash3": (616.0, 561.0)}
+_FLASH_ATTENTION_2_TFLOPS = (335.0, 322.0)
+_HOPPER_TFLOPS = {"flash": _FLASH_ATTENTION_2_TFLOPS, "sdpa": _FLASH_ATTENTION_2_TFLOPS, "flash3": (616.0, 561.0)}
 BACKWARD_FORWARDS = 2.5  # FlashAttention's benchmark: a backward is 2.5 forwards of FLOPs
 
 
@@ -27,7 +28,7 @@ def kernel_shares(gpu: GpuSpec, attention: str) -> tuple[float, float] | None:
     """(forward, backward) shares of ``gpu``'s dense 16-bit peak the causal attention kernel
     reaches, or None where no measurement is published (then the plan's MFU prices it)."""
     rates = _HOPPER_TFLOPS.get(attention)
-    if rates is None or gpu.vendor != "nvidia" or not gpu.compute_capability.startswith("9."):
+    if rates is None or not gpu.is_hopper:
         return None
     forward, backward = rates
     return forward / _H100_SXM_PEAK_TFLOPS, backward / _H100_SXM_PEAK_TFLOPS
