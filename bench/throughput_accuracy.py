@@ -38,7 +38,7 @@ for entry in (str(REPO), str(REPO / "bench")):
 from outcome_specs import load_corpus, price  # noqa: E402
 
 from dsgen.estimate.throughput import CPU_OFFLOAD_MEASURED_FACTOR, STEP_TIME_TIE_BAND  # noqa: E402
-from dsgen.solver import Evaluation, default_knobs, simplicity_key  # noqa: E402
+from dsgen.solver import Evaluation, rank_within_error  # noqa: E402
 from dsgen.spec.types import Spec  # noqa: E402
 
 # Measured values closer than this (relative) are a tie: within run-to-run noise they order nothing.
@@ -54,18 +54,16 @@ SOLVER_DIMENSIONS = {
 }
 
 
-def preferred(a: Evaluation, b: Evaluation, rates: tuple[float, float], specs: tuple[Spec, Spec], band: float) -> int:
-    """Which of two plans the solver puts first (0 = ``a``, 1 = ``b``): the faster, unless their
-    predicted times for the same work (1 / ``rates``, predicted in the measured unit) are within
-    ``band``, where the simpler goes first (dsgen.solver.rank_within_error)."""
-    spec_a, spec_b = specs
-    ta, tb = 1 / rates[0], 1 / rates[1]
-    if max(ta, tb) <= min(ta, tb) * (1 + band):
-        ka = simplicity_key(a, default_knobs(spec_a.model, a.plan.zero_stage))
-        kb = simplicity_key(b, default_knobs(spec_b.model, b.plan.zero_stage))
-        if ka != kb:
-            return 0 if ka < kb else 1
-    return 0 if ta <= tb else 1
+def preferred(a: Evaluation, b: Evaluation, rates: tuple[float, float], specs: tuple[Spec, Spec]) -> int:
+    """Which of two plans dsgen puts first (0 = ``a``, 1 = ``b``). Where both steps carry the same
+    work, the solver's own ranking decides (dsgen.solver.rank_within_error: within the tie band
+    the simpler plan first). Plans whose steps carry different work (another micro-batch at the
+    same accumulation) are never ranked against each other by the solver, whose candidates all
+    meet one global batch: those go by predicted speed in the measured unit (``rates``)."""
+    same_work = a.plan.global_batch_size * a.sequence_length == b.plan.global_batch_size * b.sequence_length
+    if same_work and specs[0].model == specs[1].model:
+        return 0 if rank_within_error([a, b], specs[0].model)[0] is a else 1
+    return 0 if rates[0] >= rates[1] else 1
 
 
 def in_unit(e: Evaluation, case: dict[str, Any]) -> float:
@@ -253,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
             # the solver compares step times of one workload; per-sample units keep the order of
             # plans that differ in sequence or model (their workloads differ), so use the unit's order
             same_work = set(group["varies"]) <= SOLVER_DIMENSIONS
-            first = preferred(ea, eb, (pa, pb), (sa, sb), STEP_TIME_TIE_BAND) if same_work else (0 if pa > pb else 1)
+            first = preferred(ea, eb, (pa, pb), (sa, sb)) if same_work else (0 if pa > pb else 1)
             measured_first = 0 if ma > mb else 1
             tie_n += 1
             tie_ok += first == measured_first
