@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO))
 from dataclasses import replace  # noqa: E402
 
 from dsgen.api import frontier_of, load_spec, solve_spec  # noqa: E402
+from dsgen.errors import DsgenError  # noqa: E402
 from dsgen.solver import Evaluation, evaluate  # noqa: E402
 from dsgen.verdict import LONG_CONTEXT_BANDS, Band, band_of  # noqa: E402
 
@@ -99,7 +100,16 @@ def main() -> int:
     print(f"  {'run':<46} {'published':>9} {'dsgen':>6}  peak GPU   note")
     for run in corpus["runs"]:
         heldout = bool(run.get("heldout"))
-        e = priced(run, host)
+        try:
+            e = priced(run, host)
+            caveat = ""
+        except DsgenError as exc:
+            if exc.path != "training.liger_kernel":
+                raise
+            # dsgen models Liger-Kernel's memory for dense models only (it refuses the setting
+            # otherwise): such a run is priced without it, and the line says so
+            e = priced({**run, "liger_kernel": False}, host)
+            caveat = f"priced without Liger ({exc.message}); "
         # dsgen's own verdict of that plan (what solve prints for it); tight counts as not fitting,
         # as bench/fit_accuracy.py counts it, and host-oom is right only for a run that ran out of
         # host memory
@@ -111,7 +121,7 @@ def main() -> int:
             tries[0] += verdict == run["outcome"]
             tries[1] += 1
         peak = e.memory.gpu.total / 2**30
-        note = f"{e.fit.verdict} at {e.fit.fill:.0%}; " + ("" if e.feasible else e.reason())
+        note = caveat + f"{e.fit.verdict} at {e.fit.fill:.0%}; " + ("" if e.feasible else e.reason())
         if "measured_peak_gib" in run:
             peaks.append(peak / run["measured_peak_gib"])
             note = f"measured {run['measured_peak_gib']} GB (x{peaks[-1]:.2f}); {note}"
