@@ -33,6 +33,7 @@ from dataclasses import replace  # noqa: E402
 from dsgen.api import frontier_of, load_spec, solve_spec  # noqa: E402
 from dsgen.errors import DsgenError  # noqa: E402
 from dsgen.solver import Evaluation, evaluate  # noqa: E402
+from dsgen.spec.types import Spec  # noqa: E402
 from dsgen.verdict import LONG_CONTEXT_BANDS, Band, band_of  # noqa: E402
 
 DATA = REPO / "bench" / "data" / "long_context_runs.yaml"
@@ -63,16 +64,32 @@ def spec_data(run: dict[str, Any], host_gib: float) -> dict[str, Any]:
     }
 
 
-def priced(run: dict[str, Any], host_gib: float) -> Evaluation:
-    """dsgen's evaluation of ``run`` with its own settings pinned (what ``solve`` prints for it)."""
-    spec = load_spec(spec_data(run, host_gib))
+def pinned_spec(run: dict[str, Any], host_gib: float) -> tuple[Spec, str]:
+    """``run``'s settings loaded as a dsgen spec, and what had to change for dsgen to take them.
+
+    dsgen models Liger-Kernel's memory for dense models only and refuses the setting otherwise;
+    such a run is loaded without it, and the returned caveat says so ("" when nothing changed).
+    """
+    try:
+        return load_spec(spec_data(run, host_gib)), ""
+    except DsgenError as exc:
+        if exc.path != "training.liger_kernel":
+            raise
+        return load_spec(spec_data({**run, "liger_kernel": False}, host_gib)), f"priced without Liger ({exc.message}); "
+
+
+def priced(run: dict[str, Any], host_gib: float) -> tuple[Evaluation, str]:
+    """dsgen's evaluation of ``run`` with its own settings pinned (what ``solve`` prints for it),
+    and :func:`pinned_spec`'s caveat."""
+    spec, caveat = pinned_spec(run, host_gib)
     result = solve_spec(spec)
     shown = result.best if result.best is not None else result.closest
     assert shown is not None
     # The run offloaded its whole optimizer (DeepSpeed's default offload_optimizer.ratio, 1.0, as
     # every recipe leaves it); constraints cannot pin the share, so the plan is re-priced with it,
     # as bench/outcome_specs.py does for the fit corpus.
-    return evaluate(spec, replace(shown.plan, offload_ratio=1.0)) if shown.plan.offload_optimizer != "none" else shown
+    full = evaluate(spec, replace(shown.plan, offload_ratio=1.0)) if shown.plan.offload_optimizer != "none" else shown
+    return full, caveat
 
 
 def outcomes_by_band(evaluated: list[tuple[dict[str, Any], Evaluation]]) -> dict[Band, list[str]]:
@@ -100,16 +117,7 @@ def main() -> int:
     print(f"  {'run':<46} {'published':>9} {'dsgen':>6}  peak GPU   note")
     for run in corpus["runs"]:
         heldout = bool(run.get("heldout"))
-        try:
-            e = priced(run, host)
-            caveat = ""
-        except DsgenError as exc:
-            if exc.path != "training.liger_kernel":
-                raise
-            # dsgen models Liger-Kernel's memory for dense models only (it refuses the setting
-            # otherwise): such a run is priced without it, and the line says so
-            e = priced({**run, "liger_kernel": False}, host)
-            caveat = f"priced without Liger ({exc.message}); "
+        e, caveat = priced(run, host)
         # dsgen's own verdict of that plan (what solve prints for it); tight counts as not fitting,
         # as bench/fit_accuracy.py counts it, and host-oom is right only for a run that ran out of
         # host memory

@@ -154,9 +154,6 @@ def test_long_context_runs_are_sourced_and_load_as_pinned_specs(name: str) -> No
     the bench prices it); the recipes' commented-out tries and every blind run are held out."""
     import yaml
 
-    from dsgen.api import load_spec
-    from dsgen.errors import DsgenError
-
     bench = bench_module("long_context_published")
     data = yaml.safe_load((bench.DATA.parent / f"{name}.yaml").read_text())
     ids = [run["id"] for run in data["runs"]]
@@ -169,10 +166,7 @@ def test_long_context_runs_are_sourced_and_load_as_pinned_specs(name: str) -> No
         assert run["gpus"] % sp == 0 and run["sequence_length"] % sp == 0, where
         if run.get("recipe_try") or name.endswith("heldout"):
             assert run.get("heldout") is True, where
-        try:
-            spec = load_spec(bench.spec_data(run, data["host_gib"]))
-        except DsgenError as exc:
-            assert run.get("liger_kernel") and exc.path == "training.liger_kernel", where
-            spec = load_spec(bench.spec_data({**run, "liger_kernel": False}, data["host_gib"]))
+        spec, caveat = bench.pinned_spec(run, data["host_gib"])
+        assert not caveat or run.get("liger_kernel"), where
         assert spec.constraints.memory_headroom == 0, where
         assert spec.training.sequence_length == run["sequence_length"], where
