@@ -41,6 +41,7 @@ def memory_dict(e: Evaluation) -> dict[str, Any]:
             "total": e.memory.cpu.total,
             "capacity": e.memory.cpu.capacity,
             "usable": e.usable_cpu_bytes,
+            "capacity_assumed": e.memory.cpu.capacity_assumed,
             "model_states": e.memory.cpu.offloaded_states,
         },
         "nvme": {"total": e.memory.nvme.total, "capacity": e.memory.nvme.capacity},
@@ -268,7 +269,9 @@ def human_summary(result: SolveResult) -> str:
         f"  phases: forward/backward {gib(e.memory.gpu.forward_backward)}, "
         f"optimizer step {gib(e.memory.gpu.optimizer_step)}"
     )
-    lines.append(f"host RAM per node  {gib(e.memory.cpu.total)} of {gib(e.usable_cpu_bytes)} usable")
+    lines.append(
+        f"host RAM per node  {gib(e.memory.cpu.total)} of {gib(e.usable_cpu_bytes)} usable{e.host_capacity_note}"
+    )
     if e.memory.nvme.total:
         lines.append(f"NVMe per node      {gib(e.memory.nvme.total)} of {gib(e.memory.nvme.capacity)}")
     lines.append(

@@ -90,6 +90,14 @@ class Evaluation:
             ratios.append(self.memory.nvme.total / max(self.memory.nvme.capacity, 1))
         return max(ratios)
 
+    @property
+    def host_capacity_note(self) -> str:
+        """What every message about host RAM adds when the spec left the node's RAM to the default:
+        a host verdict then rests on a size the user never stated (empty when it was stated)."""
+        if not self.memory.cpu.capacity_assumed:
+            return ""
+        return f" (hardware.cpu_memory_gib not set: {gib(self.memory.cpu.capacity)} per node assumed)"
+
     def reason(self) -> str:
         """Why this plan does not fit or run, with numbers (empty when it does)."""
         problems = [self.kernel_limit] if self.kernel_limit is not None else []
@@ -98,6 +106,7 @@ class Evaluation:
         if not self.fits_cpu:
             problems.append(
                 f"needs {gib(self.memory.cpu.total)} host RAM per node, {gib(self.usable_cpu_bytes)} usable"
+                + self.host_capacity_note
             )
         if not self.fits_nvme:
             if self.memory.nvme.capacity == 0:
@@ -927,6 +936,8 @@ def require_feasible(result: SolveResult) -> Evaluation:
 def _infeasible_hint(spec: Spec, miss: Evaluation) -> str:
     if miss.kernel_limit is not None:
         return KERNEL_LIMIT_HINT
+    if not miss.fits_cpu and miss.memory.cpu.capacity_assumed:
+        return "set hardware.cpu_memory_gib to the node's RAM (the verdict assumed the default), declare NVMe (hardware.nvme), or add nodes"
     if not miss.fits_cpu:
         return "add host RAM (hardware.cpu_memory_gib), declare NVMe (hardware.nvme), or add nodes"
     if not miss.fits_gpu:

@@ -166,6 +166,24 @@ def test_seventy_b_on_one_node_must_offload_and_states_host_ram() -> None:
         require_feasible(small_host)
 
 
+def test_a_host_verdict_on_the_default_node_size_says_it_was_assumed() -> None:
+    """A spec without hardware.cpu_memory_gib is priced against the schema's default; the verdict is
+    the same as with that size stated, but the message, the hint and the JSON say it was assumed."""
+    stated = solve_spec(spec_from(base("llama-3.1-70b", "a100-80gb", batch=64, cpu=512)))
+    unstated = solve_spec(spec_from(base("llama-3.1-70b", "a100-80gb", batch=64).replace(", cpu_memory_gib: 1024", "")))
+    assert stated.closest is not None and unstated.closest is not None
+    assert stated.closest.memory.cpu == replace(unstated.closest.memory.cpu, capacity_assumed=False)
+    with pytest.raises(InfeasibleError) as told:
+        require_feasible(unstated)
+    assert "hardware.cpu_memory_gib not set: 512.0 GiB per node assumed" in str(told.value)
+    assert "set hardware.cpu_memory_gib to the node's RAM" in (told.value.hint or "")
+    with pytest.raises(InfeasibleError) as stated_told:
+        require_feasible(stated)
+    assert "assumed" not in str(stated_told.value) and "assumed" not in (stated_told.value.hint or "")
+    assert result_dict(unstated)["memory"]["cpu"]["capacity_assumed"] is True
+    assert result_dict(stated)["memory"]["cpu"]["capacity_assumed"] is False
+
+
 def test_model_that_fits_with_zero1_is_not_put_on_zero3() -> None:
     result = solve_spec(spec_from(base("gpt2", "a100-80gb", seq=1024, batch=64)))
     assert result.feasible and result.best is not None

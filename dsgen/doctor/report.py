@@ -143,7 +143,9 @@ def human(d: Diagnosis) -> str:
                 f"  peak {gib(gpu.total)} in {PHASE_LABELS[d.dominant.phase]}; largest term {d.dominant.term} "
                 f"({gib(d.dominant.bytes)}, {d.dominant.share:.0%})"
             )
-        lines.append(f"host RAM per node  {gib(e.memory.cpu.total)} of {gib(e.usable_cpu_bytes)} usable")
+        lines.append(
+            f"host RAM per node  {gib(e.memory.cpu.total)} of {gib(e.usable_cpu_bytes)} usable{e.host_capacity_note}"
+        )
         if e.memory.nvme.total:
             lines.append(f"NVMe per node      {gib(e.memory.nvme.total)} of {gib(e.memory.nvme.capacity)}")
         lines.append(

@@ -101,6 +101,7 @@ class HostMemory:
     capacity: int
     offloaded_states: int
     process: int
+    capacity_assumed: bool = False  # the spec did not state the node's RAM (Hardware.cpu_memory_assumed)
 
 
 @dataclass(frozen=True)  # one per candidate plan
@@ -271,7 +272,13 @@ def estimate_memory(
         step_overhead=fixed,
         step_temporary=optimizer_step_temporary(states, plan, training.optimizer),
     )
-    cpu = HostMemory(total=host_total, capacity=hardware.cpu_memory_bytes, offloaded_states=offloaded, process=process)
+    cpu = HostMemory(
+        total=host_total,
+        capacity=hardware.cpu_memory_bytes,
+        offloaded_states=offloaded,
+        process=process,
+        capacity_assumed=hardware.cpu_memory_assumed,
+    )
     nvme_capacity = hardware.nvme.capacity_bytes if hardware.nvme else 0
     nvme = NvmeMemory(total=nvme_bytes(states, hardware), capacity=nvme_capacity)
     return MemoryEstimate(gpu=gpu, cpu=cpu, nvme=nvme, model_states=states)

@@ -283,6 +283,7 @@ class _SpecBuilder:
         return Hardware(
             gpu=gpu,
             nvme=NvmeSpec(**_given(nvme, "path", "capacity_gib", "bandwidth_gbps")) if nvme else None,
+            cpu_memory_assumed="cpu_memory_gib" not in block,
             **_given(
                 block,
                 "gpus_per_node",

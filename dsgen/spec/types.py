@@ -42,6 +42,9 @@ class Hardware:
     inter_node_bandwidth_gbps: float = spec_default("hardware.inter_node_bandwidth_gbps")
     cpu_optimizer_gparams_per_s: float = spec_default("hardware.cpu_optimizer_gparams_per_s")
     nvme: NvmeSpec | None = None
+    # True when the spec left cpu_memory_gib to the schema's default: a host verdict then rests on a
+    # node size the user never stated, and every message about host RAM says so
+    cpu_memory_assumed: bool = False
 
     @property
     def world_size(self) -> int:
