@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from dsgen.errors import DsgenError
+from dsgen.estimate.sequence_parallel import sp_violation
 from dsgen.solver import SolveResult, fits_any, solve
 from dsgen.spec.types import Spec
 
@@ -35,6 +36,38 @@ class FrontierPoint:
     value: int | None  # None: not even the smallest value fits
     result: SolveResult  # the full solve at ``value`` (at the smallest value when nothing fits)
     at_limit: bool  # the search limit itself fits: the true frontier lies beyond it
+    beyond: SolveResult | None = None  # the solve one granule past ``value``: what runs out there
+
+    @property
+    def runs_out(self) -> tuple[str, ...]:
+        """What runs out one granule past the frontier, for the plan that misses by least there:
+        any of ``gpu``, ``host``, ``nvme`` and ``kernel`` (a kernel's own limit); empty at the search
+        limit and when nothing fits (``result`` then says why)."""
+        e = self.beyond.closest if self.beyond is not None else None
+        if e is None:
+            return ()
+        failed = (
+            ("gpu", not e.fits_gpu),
+            ("host", not e.fits_cpu),
+            ("nvme", not e.fits_nvme),
+            ("kernel", e.kernel_limit is not None),
+        )
+        return tuple(name for name, fails in failed if fails)
+
+    @property
+    def sequence_parallel_ceiling(self) -> str | None:
+        """Why the plan's Ulysses degree is not the next one this cluster could run: the rule the
+        next larger divisor of the GPU count breaks, when one does (e.g. a model's 32 query heads
+        cap the degree at 32, so 64 GPUs add data parallelism, not sequence)."""
+        best = self.result.best
+        if self.value is None or best is None or self.result.spec.constraints.sequence_parallel_size is not None:
+            return None
+        spec, sp = self.result.spec, best.plan.long_context.sequence_parallel_size
+        larger = [d for d in range(sp + 1, self.gpus + 1) if self.gpus % d == 0]
+        if not larger:
+            return None
+        why = sp_violation(spec.model, larger[0], self.gpus, spec.training.sequence_length, spec.training.attention)
+        return f"Ulysses degree {larger[0]}: {why}" if why else None
 
 
 def spec_for_gpus(spec: Spec, gpus: int) -> Spec:
@@ -105,7 +138,10 @@ def frontier_point(spec: Spec, over: Over = "sequence_length", lower: int = 0) -
                 high = middle
     value = low * unit if low else None
     result = solve(_at(spec, over, value or unit))
-    return FrontierPoint(gpus=spec.hardware.world_size, value=value, result=result, at_limit=low == limit)
+    beyond = solve(_at(spec, over, (low + 1) * unit)) if value is not None and low < limit else None
+    return FrontierPoint(
+        gpus=spec.hardware.world_size, value=value, result=result, at_limit=low == limit, beyond=beyond
+    )
 
 
 def frontier(spec: Spec, over: Over = "sequence_length", gpus: list[int] | None = None) -> list[FrontierPoint]:

@@ -12,6 +12,7 @@ from typing import Any
 from dsgen.errors import DsgenError
 from dsgen.frontier import FrontierPoint, Over
 from dsgen.report import evaluation_dict, text_table
+from dsgen.solver import gib
 
 PLOT_SUFFIXES = (".svg", ".png")
 
@@ -32,7 +33,22 @@ def point_dict(point: FrontierPoint, over: Over) -> dict[str, Any]:
         "memory": body.get("memory"),
         "step_time_s": body.get("step_time_s"),
         "reason": None if point.value is not None else shown.reason(),
+        "stopped_by": _stopped_by(point, over),
+        "sequence_parallel_ceiling": point.sequence_parallel_ceiling,
     }
+
+
+def _stopped_by(point: FrontierPoint, over: Over) -> dict[str, Any] | None:
+    """One granule past the frontier: the value, what runs out (``gpu``, ``host``, ``nvme``,
+    ``kernel``) and the closest plan's reason, with its numbers."""
+    if not point.runs_out or point.beyond is None or point.beyond.closest is None:
+        return None
+    next_value = (
+        point.beyond.spec.training.sequence_length
+        if over == "sequence_length"
+        else point.beyond.closest.plan.micro_batch_size
+    )
+    return {over: next_value, "runs_out": list(point.runs_out), "reason": point.beyond.closest.reason()}
 
 
 def frontier_dict(points: list[FrontierPoint], over: Over, with_points: bool) -> dict[str, Any]:
@@ -72,7 +88,35 @@ def frontier_table(points: list[FrontierPoint], over: Over, width: int = 32) -> 
     ]
     note = ["", "+: the search limit fits (2**24 tokens / 65,536 sequences); the frontier lies beyond it"]
     shown = note if any(p.at_limit for p in points) else []
-    return "\n".join([text_table(header, rows, right={0, 1, 3, 4}), "", *bars, *shown])
+    return "\n".join([text_table(header, rows, right={0, 1, 3, 4}), "", *bars, *shown, *_what_stops(points, over)])
+
+
+def _amount(n_bytes: int) -> str:
+    """An overshoot: MiB below a GiB (a frontier's next step often misses by a few MiB)."""
+    return gib(n_bytes) if n_bytes >= 1 << 30 else f"{max(n_bytes, 0) / (1 << 20):,.0f} MiB"
+
+
+def _what_stops(points: list[FrontierPoint], over: Over) -> list[str]:
+    """Per GPU count, what runs out one step past the frontier (by how much, for the plan that
+    misses by least), and what caps the Ulysses degree."""
+    lines = []
+    for p in points:
+        stop = _stopped_by(p, over)
+        if stop is not None and p.beyond is not None and p.beyond.closest is not None:
+            e = p.beyond.closest
+            over_by = {
+                "gpu": f"GPU memory, over by {_amount(e.memory.gpu.total - e.usable_gpu_bytes)} "
+                f"of {gib(e.usable_gpu_bytes)} usable",
+                "host": f"host RAM, over by {_amount(e.memory.cpu.total - e.usable_cpu_bytes)} "
+                f"of {gib(e.usable_cpu_bytes)} usable per node{e.host_capacity_note}",
+                "nvme": f"NVMe ({e.reason()})",
+                "kernel": f"a kernel limit ({e.kernel_limit})",
+            }
+            where = f"{stop[over]:,} tokens" if over == "sequence_length" else f"micro-batch {stop[over]}"
+            lines.append(f"  {p.gpus:>5} GPUs, at {where}: " + "; ".join(over_by[r] for r in p.runs_out))
+        if p.sequence_parallel_ceiling is not None:
+            lines.append(f"  {p.gpus:>5} GPUs: no larger {p.sequence_parallel_ceiling}")
+    return ["", "what runs out one step further (the plan that misses by least):", *lines] if lines else []
 
 
 def write_plot(points: list[FrontierPoint], over: Over, path: Path) -> None:

@@ -58,6 +58,46 @@ def test_json_shape_with_gpus(spec_file: Path, capsys: pytest.CaptureFixture[str
     assert body["points"][1]["plan"]["sequence_parallel_size"] > 1
 
 
+@pytest.mark.parametrize(("host_gib", "runs_out"), [(2048, "gpu"), (512, "host")])
+def test_what_runs_out_one_step_further(spec_file: Path, host_gib: int, runs_out: str) -> None:
+    """The frontier names the resource the next length runs out of, and that resource is over its
+    budget in a fresh solve at that length (GPU on a 2 TiB host; host RAM on a 512 GiB one, where
+    checkpoint offload and the offloaded optimizer fill the node first)."""
+    spec = load_spec(spec_file, [f"hardware.cpu_memory_gib={host_gib}"])
+    (point,) = frontier_of(spec, "sequence_length", [8])
+    assert point.value is not None and point.runs_out == (runs_out,)
+    nearest = _solve_at(spec, 8, point.value + SEQUENCE_GRANULE).closest
+    assert nearest is not None
+    short = {"gpu": not nearest.fits_gpu, "host": not nearest.fits_cpu}
+    assert short[runs_out] and not any(v for k, v in short.items() if k != runs_out)
+
+
+def test_the_ulysses_ceiling_is_named_where_more_gpus_add_no_sequence(spec_file: Path) -> None:
+    """Llama-3.1-8B has 32 query heads: Ulysses cannot go past 32, so 64 GPUs reach no further
+    than 32, and the frontier says which rule stops the larger degree."""
+    spec = load_spec(spec_file)
+    at_32, at_64 = frontier_of(spec, "sequence_length", [32, 64])
+    assert at_64.value == at_32.value
+    assert at_32.sequence_parallel_ceiling is None
+    assert at_64.sequence_parallel_ceiling is not None
+    assert "64" in at_64.sequence_parallel_ceiling and "32 query heads" in at_64.sequence_parallel_ceiling
+
+
+def test_an_assumed_host_is_said_where_it_stops_the_frontier(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "spec.yaml"
+    path.write_text(SPEC.replace(", cpu_memory_gib: 2048", ""))
+    result = run_cli(["frontier", str(path), "--json"], capsys)
+    assert result.exit_code == 0, result.stderr
+    stop = json.loads(result.stdout)["stopped_by"]
+    assert stop["runs_out"] == ["host"]
+    assert stop["sequence_length"] == json.loads(result.stdout)["max_sequence_length"] + SEQUENCE_GRANULE
+    assert "hardware.cpu_memory_gib not set" in stop["reason"]
+    table = run_cli(["frontier", str(path)], capsys)
+    assert "host RAM, over by" in table.stdout and "512.0 GiB per node assumed" in table.stdout
+
+
 def test_micro_batch_frontier(spec_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     result = run_cli(
         ["frontier", str(spec_file), "--over", "micro_batch_size", "--set", "training.sequence_length=4096", "--json"],
