@@ -43,9 +43,25 @@ def memory_dict(e: Evaluation) -> dict[str, Any]:
             "usable": e.usable_cpu_bytes,
             "capacity_assumed": e.memory.cpu.capacity_assumed,
             "model_states": e.memory.cpu.offloaded_states,
+            "checkpoints": e.memory.cpu.checkpoints,
         },
         "nvme": {"total": e.memory.nvme.total, "capacity": e.memory.nvme.capacity},
     }
+
+
+def host_lines(e: Evaluation, indent: str = "") -> list[str]:
+    """The host RAM line, and what fills it when something is offloaded: model states, the
+    checkpointed layer inputs of checkpoint offload, and the processes (or the model loading)."""
+    cpu = e.memory.cpu
+    lines = [f"{indent}host RAM per node  {gib(cpu.total)} of {gib(e.usable_cpu_bytes)} usable{e.host_capacity_note}"]
+    if cpu.offloaded_states or cpu.checkpoints:
+        parts = (
+            ("offloaded model states", cpu.offloaded_states),
+            ("offloaded checkpoints", cpu.checkpoints),
+            ("processes and loading", cpu.total - cpu.offloaded_states - cpu.checkpoints),
+        )
+        lines.append(f"{indent}  " + ", ".join(f"{name} {gib(value)}" for name, value in parts if value))
+    return lines
 
 
 def _mfu(e: Evaluation, spec: Spec) -> float:
@@ -269,9 +285,7 @@ def human_summary(result: SolveResult) -> str:
         f"  phases: forward/backward {gib(e.memory.gpu.forward_backward)}, "
         f"optimizer step {gib(e.memory.gpu.optimizer_step)}"
     )
-    lines.append(
-        f"host RAM per node  {gib(e.memory.cpu.total)} of {gib(e.usable_cpu_bytes)} usable{e.host_capacity_note}"
-    )
+    lines.extend(host_lines(e))
     if e.memory.nvme.total:
         lines.append(f"NVMe per node      {gib(e.memory.nvme.total)} of {gib(e.memory.nvme.capacity)}")
     lines.append(

@@ -126,6 +126,21 @@ def test_host_ram_is_what_runs_out_with_checkpoint_offload() -> None:
     assert "host RAM" in result.closest.reason()
 
 
+def test_the_host_line_splits_offloaded_checkpoints_from_the_rest(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    """ALST's checkpoint offload keeps each layer's bf16 input, the rank's s/SP tokens x hidden, in
+    host RAM: 1M tokens on SP 8 is 131,072 x 4,096 x 2 B = 1 GiB per layer, 32 GiB for Llama-3.1-8B's
+    32 layers, 256 GiB per node of 8 ranks. solve names that share of the host apart from the rest."""
+    path = tmp_path / "spec.yaml"
+    path.write_text(spec_text(seq=1 << 20, extra="sequence_parallel_size: 8, checkpoint_offload: true"))
+    result = run_cli(["solve", str(path), "--json"], capsys)
+    assert result.exit_code == 0, result.stderr
+    cpu = json.loads(result.stdout)["memory"]["cpu"]
+    assert cpu["checkpoints"] == 8 * 32 * (1 << 20) // 8 * 4096 * 2
+    assert cpu["checkpoints"] <= cpu["total"]
+    text = run_cli(["solve", str(path)], capsys).stdout
+    assert "offloaded checkpoints 256.0 GiB" in text
+
+
 def test_byte_counts_stay_exact_at_two_to_the_24() -> None:
     """Every term is a Python int: doubling the sequence (flash attention, SP 8, all tricks on)
     exactly doubles the per-rank activations of the layers, with no float rounding."""

@@ -7,7 +7,7 @@ from typing import Any
 from dsgen.doctor.diagnose import Diagnosis
 from dsgen.doctor.fixes import current_value
 from dsgen.plan import plan_dict
-from dsgen.report import GPU_TERMS, PHASE_LABELS, memory_dict
+from dsgen.report import GPU_TERMS, PHASE_LABELS, host_lines, memory_dict
 from dsgen.solver import gib
 
 
@@ -143,9 +143,7 @@ def human(d: Diagnosis) -> str:
                 f"  peak {gib(gpu.total)} in {PHASE_LABELS[d.dominant.phase]}; largest term {d.dominant.term} "
                 f"({gib(d.dominant.bytes)}, {d.dominant.share:.0%})"
             )
-        lines.append(
-            f"host RAM per node  {gib(e.memory.cpu.total)} of {gib(e.usable_cpu_bytes)} usable{e.host_capacity_note}"
-        )
+        lines.extend(host_lines(e))
         if e.memory.nvme.total:
             lines.append(f"NVMe per node      {gib(e.memory.nvme.total)} of {gib(e.memory.nvme.capacity)}")
         lines.append(

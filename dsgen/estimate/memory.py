@@ -101,6 +101,7 @@ class HostMemory:
     capacity: int
     offloaded_states: int
     process: int
+    checkpoints: int = 0  # the checkpointed layer inputs checkpoint offload keeps here, all ranks
     capacity_assumed: bool = False  # the spec did not state the node's RAM (Hardware.cpu_memory_assumed)
 
 
@@ -256,7 +257,8 @@ def estimate_memory(
     long = long_context_memory(shape, plan, training, logits_released)
     acts, transient = long.activations, long.transient
     buffers += long.buffers
-    host_total += hardware.gpus_per_node * long.host_per_rank
+    checkpoints = hardware.gpus_per_node * long.host_per_rank
+    host_total += checkpoints
     dynamic = acts.total + buffers + transient
     fixed = CUDA_CONTEXT_BYTES + COMM_LIBRARY_BYTES
     gpu = GpuMemory(
@@ -277,6 +279,7 @@ def estimate_memory(
         capacity=hardware.cpu_memory_bytes,
         offloaded_states=offloaded,
         process=process,
+        checkpoints=checkpoints,
         capacity_assumed=hardware.cpu_memory_assumed,
     )
     nvme_capacity = hardware.nvme.capacity_bytes if hardware.nvme else 0
