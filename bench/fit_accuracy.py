@@ -43,7 +43,7 @@ for entry in (str(REPO), str(REPO / "bench")):
     if entry not in sys.path:  # run as a script from a checkout: import this dsgen and the bench helpers
         sys.path.insert(0, entry)
 
-from outcome_specs import Priced, doctor_config, doctor_spec, load_corpus, price  # noqa: E402
+from outcome_specs import UNKNOWN_HOST_GIB, Priced, doctor_config, doctor_spec, load_corpus, price  # noqa: E402
 
 from dsgen.doctor.diagnose import diagnose  # noqa: E402
 from dsgen.solver import Evaluation  # noqa: E402
@@ -342,7 +342,11 @@ def doctor_verdicts(cases: list[dict[str, Any]], corpus: dict[str, Any]) -> None
     )
     for case, fill, verdict, ok in rows:
         if not ok:
-            print(f"  wrong: {case['id']} ({case['outcome']}; doctor {verdict} at {fill:.0%})")
+            assumed = verdict == "host-oom" and not case.get("host_ram_gib")
+            unstated = (
+                f", on the {UNKNOWN_HOST_GIB:g} GiB assumed for a host the source does not state" if assumed else ""
+            )
+            print(f"  wrong: {case['id']} ({case['outcome']}; doctor {verdict} at {fill:.0%}{unstated})")
     print()
     print(f"calibration: safe line {SAFE_LINE:.0%} of GPU capacity (1 - the default memory_headroom)")
     gpu_rows = [(c, f) for c, f, v, _ in rows if v != "host-oom"]
@@ -355,8 +359,10 @@ def doctor_verdicts(cases: list[dict[str, Any]], corpus: dict[str, Any]) -> None
             f"  (dsgen.verdict.BANDS says {band.runs} / {band.gpu_oom})"
         )
     host = [c for c, _f, v, _ in rows if v == "host-oom"]
+    unstated = sum(not c.get("host_ram_gib") for c in host)
     print(
         f"  host-oom verdicts: {len(host)} runs, {sum(c['outcome'] == 'host_oom' for c in host)} ran out of host memory"
+        f" ({unstated} of them on the assumed {UNKNOWN_HOST_GIB:g} GiB: the source states no host RAM)"
     )
 
 
