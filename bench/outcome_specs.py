@@ -97,6 +97,8 @@ def spec_mapping(case: dict[str, Any], corpus: dict[str, Any]) -> dict[str, Any]
             "precision": case["precision"],
             "attention": case["attention"],
             "optimizer": {"type": case["optimizer"], "implementation": implementation(case)},
+            # Liger-Kernel where the run turned it on (its fused linear cross-entropy leaves no logits)
+            **({"liger_kernel": True} if case.get("liger_kernel") else {}),
         },
         "constraints": {
             "zero_stage": stage,

@@ -42,7 +42,10 @@ def specs() -> ModuleType:
     return _outcome_specs()
 
 
-@pytest.fixture(scope="module", params=["fit_outcomes", "throughput_outcomes", "fit_heldout", "throughput_heldout"])
+@pytest.fixture(
+    scope="module",
+    params=["fit_outcomes", "throughput_outcomes", "fit_heldout", "fit_heldout_strict", "throughput_heldout"],
+)
 def corpus(request: pytest.FixtureRequest, specs: ModuleType) -> dict[str, Any]:
     data: dict[str, Any] = specs.load_corpus(request.param)
     data["_name"] = request.param
@@ -75,6 +78,10 @@ def test_every_case_is_sourced_and_complete(corpus: dict[str, Any]) -> None:
         assert ("knobs_ref" in case) != ("knobs" in case), f"{where}: exactly one of knobs_ref / knobs"
         if "knobs_ref" in case:
             assert case["knobs_ref"] in corpus["knobs"], where
+        assert isinstance(case.get("liger_kernel", False), bool), where
+        if corpus["_name"] == "fit_heldout_strict":  # the blind set says, per case, whether every input was stated
+            assert isinstance(case["strict"], bool), where
+            assert case["strict"] or case["assumed"], f"{where}: a non-strict case lists what was assumed"
         if corpus["_name"].startswith("fit_"):
             assert case["outcome"] in ("fits", "oom", "host_oom"), where
         else:
@@ -92,6 +99,7 @@ def test_every_case_loads_as_a_fully_pinned_spec(corpus: dict[str, Any], specs: 
         assert c.activation_checkpointing is not None, case["id"]
         assert c.memory_headroom == 0, case["id"]
         assert spec.hardware.world_size == case["gpus_per_node"] * case["nodes"], case["id"]
+        assert spec.training.liger_kernel == case.get("liger_kernel", False), case["id"]
 
 
 @pytest.mark.parametrize("name", ["throughput_outcomes", "throughput_heldout"])
