@@ -188,7 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write one row per case to this file")
     parser.add_argument("--case", action="append", default=[], help="only these case ids")
-    parser.add_argument("--corpus", default="fit_outcomes", help="bench/data/<name>.yaml (fit_heldout, fit_heldout_strict: held out)")
+    parser.add_argument(
+        "--corpus", default="fit_outcomes", help="bench/data/<name>.yaml (fit_heldout, fit_heldout_strict: held out)"
+    )
     args = parser.parse_args(argv)
 
     corpus = load_corpus(args.corpus)
