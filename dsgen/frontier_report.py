@@ -43,11 +43,8 @@ def _stopped_by(point: FrontierPoint, over: Over) -> dict[str, Any] | None:
     ``kernel``) and the closest plan's reason, with its numbers."""
     if not point.runs_out or point.beyond is None or point.beyond.closest is None:
         return None
-    next_value = (
-        point.beyond.spec.training.sequence_length
-        if over == "sequence_length"
-        else point.beyond.closest.plan.micro_batch_size
-    )
+    at = point.beyond.spec
+    next_value = at.training.sequence_length if over == "sequence_length" else at.constraints.micro_batch_size
     return {over: next_value, "runs_out": list(point.runs_out), "reason": point.beyond.closest.reason()}
 
 

@@ -49,18 +49,18 @@ def memory_dict(e: Evaluation) -> dict[str, Any]:
     }
 
 
-def host_lines(e: Evaluation, indent: str = "") -> list[str]:
+def host_lines(e: Evaluation) -> list[str]:
     """The host RAM line, and what fills it when something is offloaded: model states, the
     checkpointed layer inputs of checkpoint offload, and the processes (or the model loading)."""
     cpu = e.memory.cpu
-    lines = [f"{indent}host RAM per node  {gib(cpu.total)} of {gib(e.usable_cpu_bytes)} usable{e.host_capacity_note}"]
+    lines = [f"host RAM per node  {gib(cpu.total)} of {gib(e.usable_cpu_bytes)} usable{e.host_capacity_note}"]
     if cpu.offloaded_states or cpu.checkpoints:
         parts = (
             ("offloaded model states", cpu.offloaded_states),
             ("offloaded checkpoints", cpu.checkpoints),
             ("processes and loading", cpu.total - cpu.offloaded_states - cpu.checkpoints),
         )
-        lines.append(f"{indent}  " + ", ".join(f"{name} {gib(value)}" for name, value in parts if value))
+        lines.append("  " + ", ".join(f"{name} {gib(value)}" for name, value in parts if value))
     return lines
 
 
