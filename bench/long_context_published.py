@@ -119,9 +119,10 @@ def main() -> int:
         heldout = bool(run.get("heldout"))
         e, caveat = priced(run, host)
         # dsgen's own verdict of that plan (what solve prints for it); tight counts as not fitting,
-        # as bench/fit_accuracy.py counts it, and host-oom is right only for a run that ran out of
-        # host memory
-        verdict = {"fits": "fits", "host-oom": "host_oom"}.get(e.fit.verdict, "oom")
+        # as bench/fit_accuracy.py counts it, host-oom is right only for a run that ran out of host
+        # memory, and invalid (a kernel limit, memory permitting) only for a run that fails
+        # without running out of memory
+        verdict = {"fits": "fits", "host-oom": "host_oom", "invalid": "fails"}.get(e.fit.verdict, "oom")
         agree[heldout] += verdict == run["outcome"]
         counted[heldout] += 1
         evaluated.append((run, e))
