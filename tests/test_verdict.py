@@ -15,7 +15,7 @@ import pytest
 from dsgen.doctor.diagnose import diagnose
 from dsgen.solver import solve
 from dsgen.spec.loader import load_spec_text
-from dsgen.verdict import BANDS, LONG_CONTEXT_BANDS, SAFE_LINE, band_of, classify
+from dsgen.verdict import BANDS, HELD_OUT_BANDS, LONG_CONTEXT_BANDS, SAFE_LINE, band_of, classify
 from tests.conftest import EXAMPLES_DIR, bench_module
 
 
@@ -55,6 +55,33 @@ def test_bands_are_the_corpus_outcomes_of_the_doctors_own_predictions() -> None:
         counts[band.verdict][0] += 1
         counts[band.verdict][1] += case["outcome"] == "oom"
     assert counts == {band.verdict: [band.runs, band.gpu_oom] for band in BANDS}
+
+
+def test_held_out_bands_are_the_held_out_outcomes_of_the_doctors_own_predictions() -> None:
+    """HELD_OUT_BANDS re-derived from both held-out fit files the way BANDS is from the calibration
+    corpus; a tight verdict states both sentences."""
+    specs = _bench("outcome_specs")
+    counts = {band.verdict: [0, 0] for band in HELD_OUT_BANDS}
+    for name in ("fit_heldout", "fit_heldout_strict"):
+        corpus = specs.load_corpus(name)
+        for case in corpus["cases"]:
+            spec = specs.doctor_spec(case, corpus)
+            d = diagnose(specs.doctor_config(case, corpus, spec.model), spec, max_fixes=0)
+            if d.verdict == "host-oom":
+                continue
+            band = band_of(d.fit.fill)
+            counts[band.verdict][0] += 1
+            counts[band.verdict][1] += case["outcome"] == "oom"
+    assert counts == {band.verdict: [band.runs, band.gpu_oom] for band in HELD_OUT_BANDS}
+    tight = classify(95, 100, host_ok=True)
+    assert tight.evidence is not None and "held-out published runs" in tight.evidence
+    assert tight.as_dict()["held_out_band"] == {
+        "low": 0.9,
+        "high": 1.0,
+        "published_runs": HELD_OUT_BANDS[1].runs,
+        "published_gpu_oom": HELD_OUT_BANDS[1].gpu_oom,
+    }
+    assert classify(10, 100, host_ok=False).as_dict()["held_out_band"] is None
 
 
 def test_long_context_bands_are_that_corpus_outcomes_of_dsgens_own_predictions() -> None:
