@@ -27,6 +27,11 @@ def _spec(text: str):
     return load_spec_text(text, file="spec.yaml", base_dir=EXAMPLES_DIR)
 
 
+def _tight_band_json(runs: int, gpu_oom: int) -> dict[str, object]:
+    """What JSON carries for the band between the safe line (0.9) and capacity."""
+    return {"low": 0.9, "high": 1.0, "published_runs": runs, "published_gpu_oom": gpu_oom}
+
+
 def test_band_edges() -> None:
     assert pytest.approx(0.9) == SAFE_LINE
     assert band_of(0.9).verdict == "fits" and band_of(0.9001).verdict == "tight"
@@ -34,35 +39,15 @@ def test_band_edges() -> None:
     assert classify(10, 100, host_ok=False).verdict == "host-oom"
     tight = classify(95, 100, host_ok=True)
     assert tight.evidence is not None and "ran out of GPU memory" in tight.evidence
-    assert tight.as_dict()["band"] == {
-        "low": 0.9,
-        "high": 1.0,
-        "published_runs": BANDS[1].runs,
-        "published_gpu_oom": BANDS[1].gpu_oom,
-    }
+    assert tight.as_dict()["band"] == _tight_band_json(BANDS[1].runs, BANDS[1].gpu_oom)
 
 
-def test_bands_are_the_corpus_outcomes_of_the_doctors_own_predictions() -> None:
+def _doctor_band_counts(*names: str) -> dict[str, list[int]]:
+    """[runs, ran out of GPU memory] per band of ``dsgen doctor``'s own predictions on the corpus
+    files ``names`` (runs the doctor calls host-oom have no GPU band)."""
     specs = _bench("outcome_specs")
-    corpus = specs.load_corpus("fit_outcomes")
     counts = {band.verdict: [0, 0] for band in BANDS}
-    for case in corpus["cases"]:
-        spec = specs.doctor_spec(case, corpus)
-        d = diagnose(specs.doctor_config(case, corpus, spec.model), spec, max_fixes=0)
-        if d.verdict == "host-oom":
-            continue
-        band = band_of(d.fit.fill)
-        counts[band.verdict][0] += 1
-        counts[band.verdict][1] += case["outcome"] == "oom"
-    assert counts == {band.verdict: [band.runs, band.gpu_oom] for band in BANDS}
-
-
-def test_held_out_bands_are_the_held_out_outcomes_of_the_doctors_own_predictions() -> None:
-    """HELD_OUT_BANDS re-derived from both held-out fit files the way BANDS is from the calibration
-    corpus; a tight verdict states both sentences."""
-    specs = _bench("outcome_specs")
-    counts = {band.verdict: [0, 0] for band in HELD_OUT_BANDS}
-    for name in ("fit_heldout", "fit_heldout_strict"):
+    for name in names:
         corpus = specs.load_corpus(name)
         for case in corpus["cases"]:
             spec = specs.doctor_spec(case, corpus)
@@ -72,15 +57,21 @@ def test_held_out_bands_are_the_held_out_outcomes_of_the_doctors_own_predictions
             band = band_of(d.fit.fill)
             counts[band.verdict][0] += 1
             counts[band.verdict][1] += case["outcome"] == "oom"
+    return counts
+
+
+def test_bands_are_the_corpus_outcomes_of_the_doctors_own_predictions() -> None:
+    assert _doctor_band_counts("fit_outcomes") == {band.verdict: [band.runs, band.gpu_oom] for band in BANDS}
+
+
+def test_held_out_bands_are_the_held_out_outcomes_of_the_doctors_own_predictions() -> None:
+    """HELD_OUT_BANDS re-derived from both held-out fit files the way BANDS is from the calibration
+    corpus; a tight verdict states both sentences."""
+    counts = _doctor_band_counts("fit_heldout", "fit_heldout_strict")
     assert counts == {band.verdict: [band.runs, band.gpu_oom] for band in HELD_OUT_BANDS}
     tight = classify(95, 100, host_ok=True)
     assert tight.evidence is not None and "held-out published runs" in tight.evidence
-    assert tight.as_dict()["held_out_band"] == {
-        "low": 0.9,
-        "high": 1.0,
-        "published_runs": HELD_OUT_BANDS[1].runs,
-        "published_gpu_oom": HELD_OUT_BANDS[1].gpu_oom,
-    }
+    assert tight.as_dict()["held_out_band"] == _tight_band_json(HELD_OUT_BANDS[1].runs, HELD_OUT_BANDS[1].gpu_oom)
     assert classify(10, 100, host_ok=False).as_dict()["held_out_band"] is None
 
 
@@ -103,12 +94,9 @@ def test_a_tight_long_context_plan_states_both_corpora() -> None:
     assert plain.long_context_band is None and plain.as_dict()["long_context_band"] is None
     assert long.evidence is not None and long.evidence.startswith(plain.evidence or "?")
     assert "long-context runs" in long.evidence and "bench/data/long_context_runs.yaml" in long.evidence
-    assert long.as_dict()["long_context_band"] == {
-        "low": 0.9,
-        "high": 1.0,
-        "published_runs": LONG_CONTEXT_BANDS[1].runs,
-        "published_gpu_oom": LONG_CONTEXT_BANDS[1].gpu_oom,
-    }
+    assert long.as_dict()["long_context_band"] == _tight_band_json(
+        LONG_CONTEXT_BANDS[1].runs, LONG_CONTEXT_BANDS[1].gpu_oom
+    )
     assert classify(50, 100, host_ok=True, long_context=True).evidence is None  # fits states nothing
 
 
