@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             tallies["ds"][0] += ok_ds
             tallies["ds"][1] += 1
         cap = priced.spec.hardware.gpu.memory_bytes / GIB
-        host_known = "" if case.get("host_ram_gib") else "host?"
+        host_known = "host?" if _host_unstated(case) else ""
 
         def mark(ok: bool) -> str:
             return " " if ok else "✗"
@@ -322,6 +322,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _host_unstated(case: dict[str, Any]) -> bool:
+    """Whether the source states no host RAM (the bench then prices UNKNOWN_HOST_GIB)."""
+    return not case.get("host_ram_gib")
+
+
 DOCTOR_RIGHT = {"fits": ("fits",), "oom": ("tight", "oom"), "host_oom": ("host-oom",)}
 
 
@@ -344,7 +349,7 @@ def doctor_verdicts(cases: list[dict[str, Any]], corpus: dict[str, Any]) -> None
     )
     for case, fill, verdict, ok in rows:
         if not ok:
-            assumed = verdict == "host-oom" and not case.get("host_ram_gib")
+            assumed = verdict == "host-oom" and _host_unstated(case)
             unstated = (
                 f", on the {UNKNOWN_HOST_GIB:g} GiB assumed for a host the source does not state" if assumed else ""
             )
@@ -361,7 +366,7 @@ def doctor_verdicts(cases: list[dict[str, Any]], corpus: dict[str, Any]) -> None
             f"  (dsgen.verdict.BANDS says {band.runs} / {band.gpu_oom})"
         )
     host = [c for c, _f, v, _ in rows if v == "host-oom"]
-    unstated = sum(not c.get("host_ram_gib") for c in host)
+    unstated = sum(_host_unstated(c) for c in host)
     print(
         f"  host-oom verdicts: {len(host)} runs, {sum(c['outcome'] == 'host_oom' for c in host)} ran out of host memory"
         f" ({unstated} of them on the assumed {UNKNOWN_HOST_GIB:g} GiB: the source states no host RAM)"

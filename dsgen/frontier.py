@@ -15,7 +15,7 @@ from typing import Literal
 
 from dsgen.errors import DsgenError
 from dsgen.estimate.sequence_parallel import sp_violation
-from dsgen.solver import SolveResult, fits_any, solve
+from dsgen.solver import Evaluation, SolveResult, fits_any, solve
 from dsgen.spec.types import Spec
 
 Over = Literal["sequence_length", "micro_batch_size"]
@@ -39,11 +39,16 @@ class FrontierPoint:
     beyond: SolveResult | None = None  # the solve one granule past ``value``: what runs out there
 
     @property
+    def nearest_beyond(self) -> Evaluation | None:
+        """The plan that misses by least one granule past the frontier (None at the search limit,
+        and when nothing fits: ``result`` then says why)."""
+        return self.beyond.closest if self.beyond is not None else None
+
+    @property
     def runs_out(self) -> tuple[str, ...]:
-        """What runs out one granule past the frontier, for the plan that misses by least there:
-        any of ``gpu``, ``host``, ``nvme`` and ``kernel`` (a kernel's own limit); empty at the search
-        limit and when nothing fits (``result`` then says why)."""
-        e = self.beyond.closest if self.beyond is not None else None
+        """What runs out for :attr:`nearest_beyond`: any of ``gpu``, ``host``, ``nvme`` and
+        ``kernel`` (a kernel's own limit); empty when there is no such plan."""
+        e = self.nearest_beyond
         if e is None:
             return ()
         failed = (

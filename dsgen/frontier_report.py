@@ -41,11 +41,12 @@ def point_dict(point: FrontierPoint, over: Over) -> dict[str, Any]:
 def _stopped_by(point: FrontierPoint, over: Over) -> dict[str, Any] | None:
     """One granule past the frontier: the value, what runs out (``gpu``, ``host``, ``nvme``,
     ``kernel``) and the closest plan's reason, with its numbers."""
-    if not point.runs_out or point.beyond is None or point.beyond.closest is None:
+    e = point.nearest_beyond
+    if e is None or point.beyond is None or not point.runs_out:
         return None
     at = point.beyond.spec
     next_value = at.training.sequence_length if over == "sequence_length" else at.constraints.micro_batch_size
-    return {over: next_value, "runs_out": list(point.runs_out), "reason": point.beyond.closest.reason()}
+    return {over: next_value, "runs_out": list(point.runs_out), "reason": e.reason()}
 
 
 def frontier_dict(points: list[FrontierPoint], over: Over, with_points: bool) -> dict[str, Any]:
@@ -98,9 +99,8 @@ def _what_stops(points: list[FrontierPoint], over: Over) -> list[str]:
     misses by least), and what caps the Ulysses degree."""
     lines = []
     for p in points:
-        stop = _stopped_by(p, over)
-        if stop is not None and p.beyond is not None and p.beyond.closest is not None:
-            e = p.beyond.closest
+        stop, e = _stopped_by(p, over), p.nearest_beyond
+        if stop is not None and e is not None:
             over_by = {
                 "gpu": f"GPU memory, over by {_amount(e.memory.gpu.total - e.usable_gpu_bytes)} "
                 f"of {gib(e.usable_gpu_bytes)} usable",

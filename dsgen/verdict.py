@@ -116,9 +116,10 @@ class FitVerdict:
 
     @property
     def evidence(self) -> str | None:
-        if self.band is None or self.verdict != "tight" or self.held_out_band is None:
+        held_out = self.held_out_band
+        if self.band is None or held_out is None or self.verdict != "tight":
             return None
-        parts = [self.band.evidence(), self.held_out_band.evidence()]
+        parts = [self.band.evidence(), held_out.evidence()]
         if self.long_context_band is not None:
             parts.append(self.long_context_band.evidence())
         return "; ".join(parts)
