@@ -21,7 +21,7 @@ from dsgen.estimate.swap_buffers import nvme_buffers
 from dsgen.plan import Plan
 from dsgen.resources import template_dir
 from dsgen.spec.types import Spec
-from dsgen.targets import CONFIG_FILE, FRAMEWORK_FILE, HOSTFILE, LAUNCH_FILE
+from dsgen.targets import CONFIG_FILE, DEEPSPEED_ENV_FILE, FRAMEWORK_FILE, HOSTFILE, LAUNCH_FILE, allocator_env
 from dsgen.targets.context import ACCELERATE_PRECISION, LIGHTNING_PRECISION, TargetContext, named, target_context
 from dsgen.targets.long_context import long_context_templates
 from dsgen.targets.requests import ResourceRequest
@@ -156,6 +156,7 @@ def template_context(
     """The variables every template sees (documented in docs/templates.md); ``resources``: the
     scheduler request of a bundle's launch files (dsgen.targets.requests), None for the JSON alone."""
     needs_hostfile = ctx.launcher == "deepspeed" and spec.hardware.nodes > 1
+    allocator = allocator_env(spec.hardware.gpu)
     return {
         "plan": plan,
         "knobs": plan.knobs,
@@ -178,11 +179,13 @@ def template_context(
         "notes": list(ctx.notes),
         "resources": resources,
         "long_context": long_context_templates(spec, plan),  # Ulysses SP keys (dsgen.targets.long_context)
+        "allocator_env": allocator,  # what launch files export (dsgen.targets.allocator_env)
         "files": {
             "ds_config": CONFIG_FILE,
             "framework": FRAMEWORK_FILE.get(ctx.target),
             "launch": LAUNCH_FILE if ctx.launcher != "none" else None,
             "hostfile": HOSTFILE if needs_hostfile else None,
+            "deepspeed_env": DEEPSPEED_ENV_FILE if needs_hostfile and allocator else None,
         },
     }
 

@@ -31,6 +31,7 @@ import pytest
 
 from dsgen.api import load_spec, render_bundle, solve_spec
 from dsgen.errors import DsgenError
+from dsgen.output import MARKER
 from dsgen.plan import Plan
 from dsgen.spec.types import Spec
 from dsgen.targets import ALLOWED_LAUNCHERS, DEFAULT_LAUNCHER
@@ -117,7 +118,7 @@ def _write(bundle: Bundle, tmp_path: Path) -> Path:
         ("lightning", None, 1, ["ds_config.json", "lightning_trainer.json", "launch.sh"]),
         ("deepspeed", "slurm", 4, ["ds_config.json", "launch.sh"]),
         ("deepspeed", "deepspeed", 1, ["ds_config.json", "launch.sh"]),
-        ("deepspeed", "deepspeed", 4, ["ds_config.json", "launch.sh", "hostfile"]),
+        ("deepspeed", "deepspeed", 4, ["ds_config.json", "launch.sh", "hostfile", ".deepspeed_env"]),
         ("hf-trainer", "none", 1, ["ds_config.json", "training_args.json"]),
     ],
 )
@@ -131,7 +132,7 @@ def test_file_names_are_the_output_contract(
     if files == ["ds_config.json"]:
         return
     dest = _write(bundle, tmp_path)
-    assert sorted(p.name for p in dest.iterdir() if not p.name.startswith(".")) == sorted(files)
+    assert sorted(p.name for p in dest.iterdir() if p.name != MARKER) == sorted(files)
     if "launch.sh" in files:
         assert (dest / "launch.sh").stat().st_mode & 0o111
 

@@ -20,6 +20,7 @@ from dsgen.spec.types import Spec
 from dsgen.targets import (
     ALLOWED_LAUNCHERS,
     CONFIG_FILE,
+    DEEPSPEED_ENV_FILE,
     DEFAULT_LAUNCHER,
     FRAMEWORK_FILE,
     HOSTFILE,
@@ -115,10 +116,13 @@ def render_bundle(
         files[LAUNCH_FILE] = render_template(f"launch/{launcher}.sh.j2", context, template_dir)
     if context["files"]["hostfile"]:
         files[HOSTFILE] = render_template("launch/hostfile.j2", context, template_dir)
+    if context["files"]["deepspeed_env"]:
+        files[DEEPSPEED_ENV_FILE] = render_template("launch/deepspeed_env.j2", context, template_dir)
     if launcher in KUBERNETES_LAUNCHERS:
         offloads_to_nvme = "nvme" in (plan.offload_optimizer, plan.offload_param)
         nvme = spec.hardware.nvme.path if offloads_to_nvme and spec.hardware.nvme is not None else None
-        files.update(kubernetes_files(launcher, job_name or spec.model.name or "dsgen", files, request, nvme))
+        name = job_name or spec.model.name or "dsgen"
+        files.update(kubernetes_files(launcher, name, files, request, nvme, env=context["allocator_env"]))
     return Bundle(target, launcher, files, config, ctx.notes, ctx.defaults, request)
 
 

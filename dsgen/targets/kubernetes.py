@@ -100,10 +100,13 @@ def configmap(name: str, files: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def _env() -> list[dict[str, str]]:
+def _env(extra: dict[str, str]) -> list[dict[str, str]]:
+    """The container's variables: the placeholders the command reads, then ``extra`` (the
+    allocator setting of every launch file, dsgen.targets.allocator_env)."""
     return [
         {"name": "TRAIN_SCRIPT", "value": TRAIN_SCRIPT_PLACEHOLDER},
         {"name": "DSGEN_RUN_DIR", "value": RUN_DIR},
+        *({"name": key, "value": value} for key, value in extra.items()),
     ]
 
 
@@ -138,7 +141,9 @@ def _resources(request: ResourceRequest) -> dict[str, Any]:
     }
 
 
-def trainjob(name: str, request: ResourceRequest, nvme_path: str | None = None) -> dict[str, Any]:
+def trainjob(
+    name: str, request: ResourceRequest, nvme_path: str | None = None, env: dict[str, str] | None = None
+) -> dict[str, Any]:
     """A Kubeflow Trainer TrainJob running the bundle on the plan's nodes x GPUs."""
     mounts = _mounts(nvme_path)
     pod_patch = {"volumes": _volumes(name, nvme_path), "containers": [{"name": "node", "volumeMounts": mounts}]}
@@ -156,7 +161,7 @@ def trainjob(name: str, request: ResourceRequest, nvme_path: str | None = None) 
                 "image": IMAGE_PLACEHOLDER,
                 "command": COMMAND,
                 "args": [],
-                "env": _env(),
+                "env": _env(env or {}),
                 "numNodes": request.nodes,
                 "numProcPerNode": request.gpus_per_node,
                 "resourcesPerNode": _resources(request),
@@ -179,13 +184,15 @@ def trainjob(name: str, request: ResourceRequest, nvme_path: str | None = None) 
     }
 
 
-def _replica(name: str, request: ResourceRequest, replicas: int, nvme_path: str | None) -> dict[str, Any]:
+def _replica(
+    name: str, request: ResourceRequest, replicas: int, nvme_path: str | None, env: dict[str, str]
+) -> dict[str, Any]:
     container = {
         "name": "pytorch",
         "image": IMAGE_PLACEHOLDER,
         "command": COMMAND,
         "args": [],
-        "env": _env(),
+        "env": _env(env),
         "resources": _resources(request),
         "volumeMounts": _mounts(nvme_path),
     }
@@ -199,11 +206,13 @@ def _replica(name: str, request: ResourceRequest, replicas: int, nvme_path: str 
     }
 
 
-def pytorchjob(name: str, request: ResourceRequest, nvme_path: str | None = None) -> dict[str, Any]:
+def pytorchjob(
+    name: str, request: ResourceRequest, nvme_path: str | None = None, env: dict[str, str] | None = None
+) -> dict[str, Any]:
     """A training-operator v1 PyTorchJob: a Master and ``nodes - 1`` Workers of one node each."""
-    replicas = {"Master": _replica(name, request, 1, nvme_path)}
+    replicas = {"Master": _replica(name, request, 1, nvme_path, env or {})}
     if request.nodes > 1:
-        replicas["Worker"] = _replica(name, request, request.nodes - 1, nvme_path)
+        replicas["Worker"] = _replica(name, request, request.nodes - 1, nvme_path, env or {})
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
@@ -233,14 +242,20 @@ def _dump(document: dict[str, Any], header: str) -> str:
 
 
 def kubernetes_files(
-    launcher: str, name: str, files: dict[str, str], request: ResourceRequest, nvme_path: str | None = None
+    launcher: str,
+    name: str,
+    files: dict[str, str],
+    request: ResourceRequest,
+    nvme_path: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """The manifests (file name -> YAML text) that run ``files`` under ``launcher``; ``nvme_path``:
-    the node directory the plan offloads to (ZeRO-Infinity), mounted at the same path."""
+    the node directory the plan offloads to (ZeRO-Infinity), mounted at the same path; ``env``:
+    variables every container gets beside the placeholders."""
     job_name = k8s_name(name)
     kind = "TrainJob (Kubeflow Trainer v2)" if launcher == "kubernetes" else "PyTorchJob (training-operator v1)"
     build = trainjob if launcher == "kubernetes" else pytorchjob
-    job = build(job_name, request, nvme_path)
+    job = build(job_name, request, nvme_path, env)
     header = (
         f"# dsgen: {kind} for {request.nodes} node(s) x {request.gpus_per_node} GPU(s).\n"
         f"# Placeholders: image ({IMAGE_PLACEHOLDER}: an image with torch, DeepSpeed and your script),\n"
