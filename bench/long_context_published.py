@@ -32,6 +32,7 @@ from dataclasses import replace  # noqa: E402
 
 from dsgen.api import frontier_of, load_spec, solve_spec  # noqa: E402
 from dsgen.errors import DsgenError  # noqa: E402
+from dsgen.estimate.memory import HOST_RESERVE  # noqa: E402
 from dsgen.solver import Evaluation, evaluate  # noqa: E402
 from dsgen.spec.types import Spec  # noqa: E402
 from dsgen.verdict import LONG_CONTEXT_BANDS, Band, band_of  # noqa: E402
@@ -58,6 +59,7 @@ def spec_data(run: dict[str, Any], host_gib: float) -> dict[str, Any]:
             "global_batch_size": run.get("global_batch_size", gpus // sp),
             "attention": run.get("attention", "flash"),
             "liger_kernel": run.get("liger_kernel", False),
+            "packed_samples": run.get("packed_samples", False),
         },
         # headroom 0, as bench/fit_accuracy.py: a run at its published limit used all of the GPU
         "constraints": {"micro_batch_size": 1, "memory_headroom": 0.0, **run["constraints"]},
@@ -102,6 +104,43 @@ def outcomes_by_band(evaluated: list[tuple[dict[str, Any], Evaluation]]) -> dict
     return bands
 
 
+OUTCOME_OF = {"fits": "fits", "oom": "oom", "host-oom": "host_oom", "invalid": "fails"}
+
+
+def leave_one_out(evaluated: list[tuple[dict[str, Any], Evaluation]]) -> None:
+    """Whether each tight verdict read against this corpus (packed samples) would lean the same
+    way had its own run been left out of the band's counts: the lean is not the run's own label."""
+    bands = outcomes_by_band(evaluated)
+    same = total = 0
+    for run, e in evaluated:
+        fit = e.fit
+        if fit.verdict != "tight" or fit.governing_band is not fit.long_context_band:
+            continue
+        outcomes = list(bands[band_of(fit.fill, LONG_CONTEXT_BANDS)])
+        outcomes.remove(run["outcome"])
+        without = Band("tight", fit.fill, fit.fill, runs=len(outcomes), gpu_oom=outcomes.count("oom"))
+        total += 1
+        same += ("fits" if without.lean == "fits" else "oom") == fit.likely
+    if not total:
+        return
+    print(
+        f"  leave-one-out: {same} of the {total} tight verdicts read against this corpus lean the same way"
+        " with their own run left out of the band's counts"
+    )
+
+
+def host_bands(evaluated: list[tuple[dict[str, Any], Evaluation]]) -> None:
+    """The published outcomes by predicted host fill (host RAM per node / the node's RAM), around
+    the reserve dsgen keeps (HOST_RESERVE): the evidence on where host-oom should start."""
+    edges = ((0.0, 1 - HOST_RESERVE), (1 - HOST_RESERVE, 1.0), (1.0, float("inf")))
+    print("  outcomes by predicted host fill (host RAM per node / the node's RAM):")
+    for low, high in edges:
+        inside = [run["outcome"] for run, e in evaluated if low < e.memory.cpu.total / e.memory.cpu.capacity <= high]
+        counts = ", ".join(f"{inside.count(o)} {o}" for o in ("fits", "oom", "host_oom", "fails"))
+        label = f"({low:.0%}, {'inf' if high == float('inf') else f'{high:.0%}'}]"
+        print(f"    {label:12} {len(inside):3} runs: {counts}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DATA, help="a YAML file of runs (default: %(default)s)")
@@ -118,11 +157,12 @@ def main() -> int:
     for run in corpus["runs"]:
         heldout = bool(run.get("heldout"))
         e, caveat = priced(run, host)
-        # dsgen's own verdict of that plan (what solve prints for it); tight counts as not fitting,
-        # as bench/fit_accuracy.py counts it, host-oom is right only for a run that ran out of host
+        # dsgen's own verdict of that plan (what solve prints for it), read as what it says will
+        # happen (FitVerdict.likely: tight leans to its governing band's majority), as
+        # bench/fit_accuracy.py reads it; host-oom is right only for a run that ran out of host
         # memory, and invalid (a kernel limit, memory permitting) only for a run that fails
         # without running out of memory
-        verdict = {"fits": "fits", "host-oom": "host_oom", "invalid": "fails"}.get(e.fit.verdict, "oom")
+        verdict = OUTCOME_OF[e.fit.likely]
         agree[heldout] += verdict == run["outcome"]
         counted[heldout] += 1
         evaluated.append((run, e))
@@ -130,7 +170,8 @@ def main() -> int:
             tries[0] += verdict == run["outcome"]
             tries[1] += 1
         peak = e.memory.gpu.total / 2**30
-        note = caveat + f"{e.fit.verdict} at {e.fit.fill:.0%}; " + ("" if e.feasible else e.reason())
+        lean = f" (likely {e.fit.likely})" if e.fit.verdict == "tight" else ""
+        note = caveat + f"{e.fit.verdict}{lean} at {e.fit.fill:.0%}; " + ("" if e.feasible else e.reason())
         if "measured_peak_gib" in run:
             peaks.append(peak / run["measured_peak_gib"])
             note = f"measured {run['measured_peak_gib']} GB (x{peaks[-1]:.2f}); {note}"
@@ -170,6 +211,8 @@ def main() -> int:
             f"    {label:12} {len(outcomes):3} runs: {counts}"
             f"  (dsgen.verdict.LONG_CONTEXT_BANDS says {band.runs} / {band.gpu_oom} out of GPU memory)"
         )
+    leave_one_out(evaluated)
+    host_bands(evaluated)
     total = sum(agree.values()) / sum(counted.values())
     print(f"  agreement, all: {sum(agree.values())}/{sum(counted.values())} = {total:.0%}")
     if peaks:

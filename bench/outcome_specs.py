@@ -99,6 +99,8 @@ def spec_mapping(case: dict[str, Any], corpus: dict[str, Any]) -> dict[str, Any]
             "optimizer": {"type": case["optimizer"], "implementation": implementation(case)},
             # Liger-Kernel where the run turned it on (its fused linear cross-entropy leaves no logits)
             **({"liger_kernel": True} if case.get("liger_kernel") else {}),
+            # samples packed to the full length where the source says so (the verdict's lean, dsgen.verdict)
+            **({"packed_samples": True} if case.get("packed_samples") else {}),
         },
         "constraints": {
             "zero_stage": stage,

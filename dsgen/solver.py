@@ -47,6 +47,7 @@ class Evaluation:
     usable_cpu_bytes: int
     sequence_length: int
     kernel_limit: str | None = None  # why a kernel fails on this plan whatever the memory (kernel_limits.py)
+    packed_samples: bool = False  # Training.packed_samples: which published runs the verdict is read against
 
     @property
     def fits_gpu(self) -> bool:
@@ -75,6 +76,7 @@ class Evaluation:
             self.memory.gpu.capacity,
             self.fits_cpu and self.fits_nvme,
             long_context=self.plan.long_context.active,
+            packed_samples=self.packed_samples,
         )
         runs_out = verdict.verdict in ("oom", "host-oom")
         return invalid(verdict.fill) if self.kernel_limit is not None and not runs_out else verdict
@@ -515,6 +517,7 @@ def evaluate(spec: Spec, plan: Plan, accounting: Accounting = "dsgen") -> Evalua
         usable_cpu_bytes=usable_cpu,
         sequence_length=spec.training.sequence_length,
         kernel_limit=kernel_limit(spec.model, plan, spec.training.sequence_length, spec.training.attention),
+        packed_samples=spec.training.packed_samples,
     )
 
 

@@ -14,6 +14,13 @@ read against it:
 * ``oom``: predicted above GPU capacity;
 * ``host-oom``: host RAM or NVMe over budget (checked first: it is a verdict on the whole node).
 
+A ``tight`` verdict also says which way its evidence leans (:attr:`FitVerdict.likely`): the outcome
+most published runs in its band had. Which runs count is the one thing a prediction cannot see:
+runs whose samples are packed to the full length and whose allocator grows segments
+(``training.packed_samples``; dsgen's launch scripts set ``expandable_segments``) are read against
+the long-context corpus, where 14 of the 16 runs between the line and capacity fit; every other
+run against the fit corpus, where 5 of 6 ran out.
+
 :data:`BANDS` holds the outcomes of the published runs in each band, as ``bench/fit_accuracy.py``
 prints them (its ``calibration`` lines); ``tests/test_verdict.py`` re-derives them from the corpus
 with ``dsgen doctor``'s own predictions, so they cannot drift from the data.
@@ -45,6 +52,14 @@ class Band:
     gpu_oom: int  # of those, how many ran out of GPU memory
     runs_are: str = "published runs"
     corpus: str = "bench/data/fit_outcomes.yaml"
+
+    @property
+    def lean(self) -> Literal["fits", "oom"] | None:
+        """The outcome most of this band's runs had (``None`` when they split evenly)."""
+        ran = self.runs - self.gpu_oom
+        if ran == self.gpu_oom:
+            return None
+        return "fits" if ran > self.gpu_oom else "oom"
 
     def evidence(self) -> str:
         """The sentence a user reads beside the verdict."""
@@ -108,6 +123,24 @@ class FitVerdict:
     fill: float
     band: Band | None  # None for host-oom and invalid
     long_context_band: Band | None = None  # the long-context corpus's band, for long-context plans
+    packed_samples: bool = False  # the run is read against the long-context corpus (module docstring)
+
+    @property
+    def governing_band(self) -> Band | None:
+        """The band whose runs this one is read against: the long-context corpus's for packed
+        samples, else the fit corpus's (None for host-oom and invalid)."""
+        if self.packed_samples and self.long_context_band is not None:
+            return self.long_context_band
+        return self.band
+
+    @property
+    def likely(self) -> Verdict:
+        """What the evidence says will happen: the verdict itself, except that ``tight`` leans to
+        the outcome most runs of its governing band had (``oom`` when they split evenly)."""
+        if self.verdict != "tight":
+            return self.verdict
+        band = self.governing_band
+        return "fits" if band is not None and band.lean == "fits" else "oom"
 
     @property
     def held_out_band(self) -> Band | None:
@@ -122,6 +155,10 @@ class FitVerdict:
         parts = [self.band.evidence(), held_out.evidence()]
         if self.long_context_band is not None:
             parts.append(self.long_context_band.evidence())
+        governing = self.governing_band
+        outcome = "fits" if self.likely == "fits" else "runs out of GPU memory"
+        against = "packed samples" if governing is self.long_context_band else "samples not declared packed"
+        parts.append(f"read against {governing.corpus if governing else 'those runs'} ({against}): likely {outcome}")
         return "; ".join(parts)
 
     def as_dict(self) -> dict[str, object]:
@@ -134,6 +171,7 @@ class FitVerdict:
             "held_out_band": self.held_out_band.as_dict() if self.held_out_band is not None else None,
             "long_context_band": self.long_context_band.as_dict() if self.long_context_band is not None else None,
             "safe_line": round(SAFE_LINE, 4),
+            "likely": self.likely,
             "evidence": self.evidence,
         }
 
@@ -147,14 +185,18 @@ def band_of(fill: float, bands: tuple[Band, ...] = BANDS) -> Band:
     return bands[2]
 
 
-def classify(gpu_total: int, gpu_capacity: int, host_ok: bool, long_context: bool = False) -> FitVerdict:
+def classify(
+    gpu_total: int, gpu_capacity: int, host_ok: bool, long_context: bool = False, packed_samples: bool = False
+) -> FitVerdict:
     """The verdict of a prediction: host-oom when the host or NVMe is short, else by GPU band;
-    ``long_context`` (Ulysses, tiling or checkpoint offload) adds that corpus's band as evidence."""
+    ``long_context`` (Ulysses, tiling or checkpoint offload) or ``packed_samples`` adds that corpus's
+    band as evidence, and packed samples are read against it (:attr:`FitVerdict.likely`)."""
     fill = gpu_total / gpu_capacity if gpu_capacity else float("inf")
     if not host_ok:
         return FitVerdict("host-oom", fill, None)
     band = band_of(fill)
-    return FitVerdict(band.verdict, fill, band, band_of(fill, LONG_CONTEXT_BANDS) if long_context else None)
+    long_band = band_of(fill, LONG_CONTEXT_BANDS) if long_context or packed_samples else None
+    return FitVerdict(band.verdict, fill, band, long_band, packed_samples)
 
 
 def invalid(fill: float | None = None) -> FitVerdict:

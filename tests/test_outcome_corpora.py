@@ -79,6 +79,7 @@ def test_every_case_is_sourced_and_complete(corpus: dict[str, Any]) -> None:
         if "knobs_ref" in case:
             assert case["knobs_ref"] in corpus["knobs"], where
         assert isinstance(case.get("liger_kernel", False), bool), where
+        assert isinstance(case.get("packed_samples", False), bool), where
         if corpus["_name"] == "fit_heldout_strict":  # the blind set says, per case, whether every input was stated
             assert isinstance(case["strict"], bool), where
             assert case["strict"] or case["assumed"], f"{where}: a non-strict case lists what was assumed"
@@ -100,6 +101,7 @@ def test_every_case_loads_as_a_fully_pinned_spec(corpus: dict[str, Any], specs: 
         assert c.memory_headroom == 0, case["id"]
         assert spec.hardware.world_size == case["gpus_per_node"] * case["nodes"], case["id"]
         assert spec.training.liger_kernel == case.get("liger_kernel", False), case["id"]
+        assert spec.training.packed_samples == case.get("packed_samples", False), case["id"]
 
 
 @pytest.mark.parametrize("name", ["throughput_outcomes", "throughput_heldout"])
@@ -178,3 +180,5 @@ def test_long_context_runs_are_sourced_and_load_as_pinned_specs(name: str) -> No
         assert not caveat or run.get("liger_kernel"), where
         assert spec.constraints.memory_headroom == 0, where
         assert spec.training.sequence_length == run["sequence_length"], where
+        # the recipes pack their samples (the corpus header); only they say so
+        assert spec.training.packed_samples == run["source"].startswith("ArcticTraining"), where

@@ -343,6 +343,7 @@ class _SpecBuilder:
                 "gradient_clipping",
                 "mfu",
                 "liger_kernel",
+                "packed_samples",
                 floats=("gradient_clipping",),
             ),
         )
