@@ -36,6 +36,7 @@ training:
   sequence_length: 4096
   global_batch_size: {global_batch_size:<20} # sequences per optimizer step, met exactly
   # precision: bf16                         or fp16, fp32; left out, dsgen picks
+  # packed_samples: true                    every sequence is sequence_length tokens (samples packed)
   # optimizer: {{type: adamw, lr: 2.0e-5}}
 # constraints:                              each pins one dimension of the search
 #   zero_stage: 3

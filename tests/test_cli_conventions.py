@@ -98,6 +98,28 @@ def test_init_writes_a_commented_spec_that_solves_and_renders(
     assert config["train_batch_size"] == yaml.safe_load(text)["training"]["global_batch_size"]
 
 
+def test_every_commented_starter_key_loads_when_uncommented(tmp_path: Path) -> None:
+    """Each ``# key: value`` the starter suggests, uncommented on its own (its trailing note cut),
+    is a spec dsgen loads: the comments name real keys with valid values."""
+    import re
+
+    from dsgen.api import load_spec
+    from dsgen.starter import StarterOptions, starter_spec
+
+    lines = starter_spec(StarterOptions()).splitlines()
+    suggested = [i for i, line in enumerate(lines) if re.match(r"^ *# +[a-z_]+: \S", line)]
+    assert len(suggested) >= 9
+    for i in suggested:
+        setting = re.sub(r"(\S)\s{2,}\S.*$", r"\1", lines[i].replace("# ", "", 1))
+        assert re.match(r"^ +[a-z_]+: \S", setting), setting
+        variant = [*lines[:i], setting, *lines[i + 1 :]]
+        if lines[i].startswith("# "):  # under the commented-out constraints block
+            variant = [("constraints:" if line.startswith("# constraints:") else line) for line in variant]
+        path = tmp_path / f"variant-{i}.yaml"
+        path.write_text("\n".join(variant) + "\n")
+        load_spec(path)  # raises DsgenError naming the key if a suggestion is wrong
+
+
 def test_init_options_fill_the_spec_and_the_batch_splits_over_every_gpu(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
