@@ -63,6 +63,11 @@ def spec_data(run: dict[str, Any], host_gib: float) -> dict[str, Any]:
         },
         # headroom 0, as bench/fit_accuracy.py: a run at its published limit used all of the GPU
         "constraints": {"micro_batch_size": 1, "memory_headroom": 0.0, **run["constraints"]},
+        # ArcticTraining's SFTTrainer.loss returns the loss alone (arctic_training/trainer/sft_trainer.py:
+        # "outputs = self.model(**batch, use_cache=False); loss = outputs.loss; return loss"), so the
+        # 16-bit logits are freed before backward, as under the HF Trainer: dsgen prices that loop
+        # as the hf-trainer target's (dsgen.spec.types.Output.logits_released)
+        **({"output": {"target": "hf-trainer"}} if run["source"].startswith("ArcticTraining") else {}),
     }
 
 
