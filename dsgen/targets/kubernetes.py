@@ -210,9 +210,10 @@ def pytorchjob(
     name: str, request: ResourceRequest, nvme_path: str | None = None, env: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """A training-operator v1 PyTorchJob: a Master and ``nodes - 1`` Workers of one node each."""
-    replicas = {"Master": _replica(name, request, 1, nvme_path, env or {})}
+    extra = env or {}
+    replicas = {"Master": _replica(name, request, 1, nvme_path, extra)}
     if request.nodes > 1:
-        replicas["Worker"] = _replica(name, request, request.nodes - 1, nvme_path, env or {})
+        replicas["Worker"] = _replica(name, request, request.nodes - 1, nvme_path, extra)
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
