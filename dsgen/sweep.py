@@ -288,6 +288,7 @@ def manifest_row(sweep: Sweep, outcome: Outcome, written: list[str]) -> dict[str
         # the calibrated verdict (dsgen.verdict) and GPU fill, appended for the same reason
         "verdict": e.fit.verdict if e else None,
         "fill": round(e.fit.fill, 4) if e else None,
+        "likely": e.fit.likely if e else None,
         "files": written,
         # after files, for the same reason: what starts the run, and which of its files those are
         "launcher": outcome.launcher,
