@@ -244,6 +244,7 @@ def frontier_figures(corpus: dict[str, Any], host: float) -> None:
     frontier = corpus["frontier"]
     data = spec_data(
         {
+            "source": "ArcticTraining recipes (the paper's runs, so their training loop)",
             "model": frontier["model"],
             "gpus": 8,
             "sequence_length": 131072,

@@ -182,3 +182,21 @@ def test_long_context_runs_are_sourced_and_load_as_pinned_specs(name: str) -> No
         assert spec.training.sequence_length == run["sequence_length"], where
         # the recipes pack their samples (the corpus header); only they say so
         assert spec.training.packed_samples == run["source"].startswith("ArcticTraining"), where
+
+
+def test_long_context_bench_prints_every_figure(capsys: pytest.CaptureFixture[str]) -> None:
+    """bench/long_context_published.py runs to its end on its own corpus: the verdict agreement,
+    the frontier against the published lengths and the speed figure each print their goal line."""
+    import sys
+
+    bench = bench_module("long_context_published")
+    argv = sys.argv
+    sys.argv = ["long_context_published.py"]
+    try:
+        assert bench.main() == 0
+    finally:
+        sys.argv = argv
+    out = capsys.readouterr().out
+    assert "agreement, held out:" in out
+    assert "worst factor x" in out and "(goal within x1.25)" in out
+    assert "median predicted/published speed" in out
