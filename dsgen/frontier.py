@@ -49,15 +49,7 @@ class FrontierPoint:
         """What runs out for :attr:`nearest_beyond`: any of ``gpu``, ``host``, ``nvme`` and
         ``kernel`` (a kernel's own limit); empty when there is no such plan."""
         e = self.nearest_beyond
-        if e is None:
-            return ()
-        failed = (
-            ("gpu", not e.fits_gpu),
-            ("host", not e.fits_cpu),
-            ("nvme", not e.fits_nvme),
-            ("kernel", e.kernel_limit is not None),
-        )
-        return tuple(name for name, fails in failed if fails)
+        return e.runs_out if e is not None else ()
 
     @property
     def sequence_parallel_ceiling(self) -> str | None:

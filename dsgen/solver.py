@@ -93,6 +93,18 @@ class Evaluation:
         return max(ratios)
 
     @property
+    def runs_out(self) -> tuple[str, ...]:
+        """What this plan runs out of: any of ``gpu``, ``host``, ``nvme`` and ``kernel`` (a
+        kernel's own limit); empty when it is feasible."""
+        failed = (
+            ("gpu", not self.fits_gpu),
+            ("host", not self.fits_cpu),
+            ("nvme", not self.fits_nvme),
+            ("kernel", self.kernel_limit is not None),
+        )
+        return tuple(name for name, fails in failed if fails)
+
+    @property
     def host_capacity_note(self) -> str:
         """What every message about host RAM adds when the spec left the node's RAM to the default:
         a host verdict then rests on a size the user never stated (empty when it was stated)."""

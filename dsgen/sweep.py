@@ -261,6 +261,7 @@ def manifest_row(sweep: Sweep, outcome: Outcome, written: list[str]) -> dict[str
     """
     e = outcome.evaluation
     plan = e.plan if e else None
+    fit = e.fit if e else None
     return {
         "name": outcome.run.name,
         "vars": dict(outcome.run.varied),
@@ -286,9 +287,9 @@ def manifest_row(sweep: Sweep, outcome: Outcome, written: list[str]) -> dict[str
         "offload_optimizer_ratio": offload_optimizer_ratio(plan) if plan else None,
         "zeropp": plan.knobs.zeropp if plan else None,
         # the calibrated verdict (dsgen.verdict) and GPU fill, appended for the same reason
-        "verdict": e.fit.verdict if e else None,
-        "fill": round(e.fit.fill, 4) if e else None,
-        "likely": e.fit.likely if e else None,
+        "verdict": fit.verdict if fit else None,
+        "fill": round(fit.fill, 4) if fit else None,
+        "likely": fit.likely if fit else None,
         "files": written,
         # after files, for the same reason: what starts the run, and which of its files those are
         "launcher": outcome.launcher,

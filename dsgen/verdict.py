@@ -157,9 +157,10 @@ class FitVerdict:
         if self.long_context_band is not None:
             parts.append(self.long_context_band.evidence())
         governing = self.governing_band
+        assert governing is not None  # a GPU band exists, so a governing one does
         outcome = "fits" if self.likely == "fits" else "runs out of GPU memory"
         against = "packed samples" if governing is self.long_context_band else "samples not declared packed"
-        parts.append(f"read against {governing.corpus if governing else 'those runs'} ({against}): likely {outcome}")
+        parts.append(f"read against {governing.corpus} ({against}): likely {outcome}")
         return "; ".join(parts)
 
     def as_dict(self) -> dict[str, object]:

@@ -122,7 +122,7 @@ def render_bundle(
         offloads_to_nvme = "nvme" in (plan.offload_optimizer, plan.offload_param)
         nvme = spec.hardware.nvme.path if offloads_to_nvme and spec.hardware.nvme is not None else None
         name = job_name or spec.model.name or "dsgen"
-        files.update(kubernetes_files(launcher, name, files, request, nvme, env=context["allocator_env"]))
+        files.update(kubernetes_files(launcher, name, files, request, nvme, context["allocator_env"]))
     return Bundle(target, launcher, files, config, ctx.notes, ctx.defaults, request)
 
 

@@ -141,9 +141,7 @@ def _resources(request: ResourceRequest) -> dict[str, Any]:
     }
 
 
-def trainjob(
-    name: str, request: ResourceRequest, nvme_path: str | None = None, env: dict[str, str] | None = None
-) -> dict[str, Any]:
+def trainjob(name: str, request: ResourceRequest, nvme_path: str | None, env: dict[str, str]) -> dict[str, Any]:
     """A Kubeflow Trainer TrainJob running the bundle on the plan's nodes x GPUs."""
     mounts = _mounts(nvme_path)
     pod_patch = {"volumes": _volumes(name, nvme_path), "containers": [{"name": "node", "volumeMounts": mounts}]}
@@ -161,7 +159,7 @@ def trainjob(
                 "image": IMAGE_PLACEHOLDER,
                 "command": COMMAND,
                 "args": [],
-                "env": _env(env or {}),
+                "env": _env(env),
                 "numNodes": request.nodes,
                 "numProcPerNode": request.gpus_per_node,
                 "resourcesPerNode": _resources(request),
@@ -206,14 +204,11 @@ def _replica(
     }
 
 
-def pytorchjob(
-    name: str, request: ResourceRequest, nvme_path: str | None = None, env: dict[str, str] | None = None
-) -> dict[str, Any]:
+def pytorchjob(name: str, request: ResourceRequest, nvme_path: str | None, env: dict[str, str]) -> dict[str, Any]:
     """A training-operator v1 PyTorchJob: a Master and ``nodes - 1`` Workers of one node each."""
-    extra = env or {}
-    replicas = {"Master": _replica(name, request, 1, nvme_path, extra)}
+    replicas = {"Master": _replica(name, request, 1, nvme_path, env)}
     if request.nodes > 1:
-        replicas["Worker"] = _replica(name, request, request.nodes - 1, nvme_path, extra)
+        replicas["Worker"] = _replica(name, request, request.nodes - 1, nvme_path, env)
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
@@ -247,8 +242,8 @@ def kubernetes_files(
     name: str,
     files: dict[str, str],
     request: ResourceRequest,
-    nvme_path: str | None = None,
-    env: dict[str, str] | None = None,
+    nvme_path: str | None,
+    env: dict[str, str],
 ) -> dict[str, str]:
     """The manifests (file name -> YAML text) that run ``files`` under ``launcher``; ``nvme_path``:
     the node directory the plan offloads to (ZeRO-Infinity), mounted at the same path; ``env``:
