@@ -32,10 +32,13 @@ from dsgen.catalog.model_shape import ModelShape
 from dsgen.estimate.optimizers import TORCH_OPTIMIZERS
 from dsgen.plan import ZeroKnobs
 from dsgen.solver import Evaluation, evaluate
+from dsgen.spec.defaults import spec_default
 from dsgen.spec.types import Spec
 
 DATA = Path(__file__).resolve().parent / "data"
-UNKNOWN_HOST_GIB = 512.0  # dsgen's default host RAM, used where a source does not state it
+# Where a source does not state the host RAM the spec leaves hardware.cpu_memory_gib out, as a user
+# who does not know it would, and dsgen prices its own default (and says it was assumed).
+UNKNOWN_HOST_GIB = float(spec_default("hardware.cpu_memory_gib"))
 
 # DeepSpeed 0.19.8 zero_optimization defaults (deepspeed/runtime/zero/config.py), in elements
 DS_DEFAULTS: dict[str, float] = {
@@ -77,14 +80,14 @@ def spec_mapping(case: dict[str, Any], corpus: dict[str, Any]) -> dict[str, Any]
     gpu_block: Any = dict(corpus["gpus"][gpu]) if gpu in corpus.get("gpus", {}) else gpu
     world = case["gpus_per_node"] * case["nodes"]
     stage = case["zero_stage"]
-    host = case.get("host_ram_gib") or UNKNOWN_HOST_GIB
+    host = case.get("host_ram_gib")
     return {
         "model": model_block,
         "hardware": {
             "gpu": gpu_block,
             "gpus_per_node": case["gpus_per_node"],
             "nodes": case["nodes"],
-            "cpu_memory_gib": host,
+            **({"cpu_memory_gib": host} if host else {}),
             **(
                 {"inter_node_bandwidth_gbps": case["inter_node_bandwidth_gbps"]}
                 if "inter_node_bandwidth_gbps" in case

@@ -167,8 +167,9 @@ def test_seventy_b_on_one_node_must_offload_and_states_host_ram() -> None:
 
 
 def test_a_host_verdict_on_the_default_node_size_says_it_was_assumed() -> None:
-    """A spec without hardware.cpu_memory_gib is priced against the schema's default; the verdict is
-    the same as with that size stated, but the message, the hint and the JSON say it was assumed."""
+    """A spec without hardware.cpu_memory_gib is priced against the schema's default: the solver is
+    bounded by it as by a stated size, but the message, the hint and the JSON say it was assumed,
+    and the verdict calls host-oom only on the stated size (on the assumed one it is the GPU's)."""
     stated = solve_spec(spec_from(base("llama-3.1-70b", "a100-80gb", batch=64, cpu=512)))
     unstated = solve_spec(spec_from(base("llama-3.1-70b", "a100-80gb", batch=64).replace(", cpu_memory_gib: 1024", "")))
     assert stated.closest is not None and unstated.closest is not None
@@ -182,6 +183,10 @@ def test_a_host_verdict_on_the_default_node_size_says_it_was_assumed() -> None:
     assert "assumed" not in str(stated_told.value) and "assumed" not in (stated_told.value.hint or "")
     assert result_dict(unstated)["memory"]["cpu"]["capacity_assumed"] is True
     assert result_dict(stated)["memory"]["cpu"]["capacity_assumed"] is False
+    assert stated.closest.fit.verdict == "host-oom" and not stated.closest.host_unjudged
+    assert unstated.closest.host_unjudged
+    assert unstated.closest.fit.verdict in ("fits", "tight", "oom")
+    assert unstated.closest.fit.fill == stated.closest.fit.fill
 
 
 def test_model_that_fits_with_zero1_is_not_put_on_zero3() -> None:

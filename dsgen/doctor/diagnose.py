@@ -456,6 +456,18 @@ def _memory_findings(
         )
     if fit.verdict == "host-oom":
         findings.append(DoctorFinding("error", "host-memory", f"predicted {evaluation.reason()}"))
+    if evaluation.host_unjudged:
+        cpu = evaluation.memory.cpu
+        findings.append(
+            DoctorFinding(
+                "warning",
+                "host-memory",
+                f"host RAM not judged: the config needs {gib(cpu.total)} per node, more than the "
+                f"{gib(evaluation.usable_cpu_bytes)} usable of the {gib(cpu.capacity)} assumed for a node "
+                "whose RAM the spec does not state",
+                "state hardware.cpu_memory_gib to have it checked",
+            )
+        )
     if evaluation.kernel_limit is not None:
         findings.append(
             DoctorFinding(

@@ -108,6 +108,7 @@ def human(d: Diagnosis) -> str:
     lines = [
         f"verdict   {VERDICT_TEXT[d.verdict]}"
         + (f": {d.fit.fill:.0%} of GPU capacity" if d.evaluation is not None and d.verdict != "host-oom" else "")
+        + ("; host RAM not judged (see findings)" if d.evaluation is not None and d.evaluation.host_unjudged else "")
     ]
     if d.fit.evidence:
         lines.append(f"          {d.fit.evidence}")
