@@ -30,6 +30,8 @@ sys.path.insert(0, str(REPO))
 
 from dataclasses import replace  # noqa: E402
 
+from outcome_specs import run_knobs  # noqa: E402
+
 from dsgen.api import frontier_of, load_spec, solve_spec  # noqa: E402
 from dsgen.errors import DsgenError  # noqa: E402
 from dsgen.estimate.memory import HOST_RESERVE  # noqa: E402
@@ -39,6 +41,11 @@ from dsgen.verdict import LONG_CONTEXT_BANDS, Band, band_of  # noqa: E402
 
 DATA = REPO / "bench" / "data" / "long_context_runs.yaml"
 VERDICT_GOAL, FRONTIER_GOAL, THROUGHPUT_GOAL = 0.90, 1.25, 1.5
+
+
+def arctic_recipe(run: dict[str, Any]) -> bool:
+    """Whether ``run`` is one of ArcticTraining's recipes (or a length tried in one)."""
+    return str(run["source"]).startswith("ArcticTraining")
 
 
 def spec_data(run: dict[str, Any], host_gib: float) -> dict[str, Any]:
@@ -61,13 +68,19 @@ def spec_data(run: dict[str, Any], host_gib: float) -> dict[str, Any]:
             "liger_kernel": run.get("liger_kernel", False),
             "packed_samples": run.get("packed_samples", False),
         },
-        # headroom 0, as bench/fit_accuracy.py: a run at its published limit used all of the GPU
-        "constraints": {"micro_batch_size": 1, "memory_headroom": 0.0, **run["constraints"]},
+        # headroom 0, as bench/fit_accuracy.py: a run at its published limit used all of the GPU;
+        # every ArcticTraining recipe reduces SP gradients in bf16 ("seq_parallel_communication_data_type: bf16")
+        "constraints": {
+            "micro_batch_size": 1,
+            "memory_headroom": 0.0,
+            **({"seq_parallel_communication_data_type": "bf16"} if arctic_recipe(run) else {}),
+            **run["constraints"],
+        },
         # ArcticTraining's SFTTrainer.loss returns the loss alone (arctic_training/trainer/sft_trainer.py:
         # "outputs = self.model(**batch, use_cache=False); loss = outputs.loss; return loss"), so the
         # 16-bit logits are freed before backward, as under the HF Trainer: dsgen prices that loop
         # as the hf-trainer target's (dsgen.spec.types.Output.logits_released)
-        **({"output": {"target": "hf-trainer"}} if run["source"].startswith("ArcticTraining") else {}),
+        **({"output": {"target": "hf-trainer"}} if arctic_recipe(run) else {}),
     }
 
 
@@ -93,10 +106,16 @@ def priced(run: dict[str, Any], host_gib: float) -> tuple[Evaluation, str]:
     shown = result.best if result.best is not None else result.closest
     assert shown is not None
     # The run offloaded its whole optimizer (DeepSpeed's default offload_optimizer.ratio, 1.0, as
-    # every recipe leaves it); constraints cannot pin the share, so the plan is re-priced with it,
-    # as bench/outcome_specs.py does for the fit corpus.
-    full = evaluate(spec, replace(shown.plan, offload_ratio=1.0)) if shown.plan.offload_optimizer != "none" else shown
-    return full, caveat
+    # every recipe leaves it), and a recipe ran DeepSpeed's own ZeRO knobs: its zero_optimization
+    # block replaces ArcticTraining's defaults whole (arctic_training/config/trainer.py,
+    # build_deepspeed_config: ds_config.get("zero_optimization", {...})). Constraints cannot pin
+    # either, so the plan is re-priced with them, as bench/outcome_specs.py does for the fit corpus.
+    plan = shown.plan
+    if plan.offload_optimizer != "none":
+        plan = replace(plan, offload_ratio=1.0)
+    if arctic_recipe(run):
+        plan = replace(plan, knobs=run_knobs({"zero_stage": plan.zero_stage}, {}, spec.model))
+    return (evaluate(spec, plan) if plan != shown.plan else shown), caveat
 
 
 def outcomes_by_band(evaluated: list[tuple[dict[str, Any], Evaluation]]) -> dict[Band, list[str]]:

@@ -14,7 +14,7 @@ from dsgen.catalog.model_shape import ModelShape
 from dsgen.estimate.sequence_parallel import sp_violation
 from dsgen.plan import LongContext
 from dsgen.spec.types import Spec
-from dsgen.vocabulary import Checkpointing
+from dsgen.vocabulary import Checkpointing, Precision
 
 TRICKS = ("tiled_loss", "tiled_mlp", "checkpoint_offload")
 
@@ -59,8 +59,10 @@ def long_context_choices(spec: Spec, sp: int, checkpointing: Checkpointing, sear
         options["tiled_loss"] = [False]
     if checkpointing != "full":
         options["checkpoint_offload"] = [v for v in options["checkpoint_offload"] if not v]
+    # the reduction dtype is DeepSpeed's to read only under Ulysses (engine.py)
+    dtype: Precision = c.seq_parallel_communication_data_type if sp > 1 else "fp32"
     choices = [
-        LongContext(sp, tiled_mlp=mlp, tiled_loss=loss, checkpoint_offload=offload)
+        LongContext(sp, tiled_mlp=mlp, tiled_loss=loss, checkpoint_offload=offload, communication_dtype=dtype)
         for loss in options["tiled_loss"]
         for mlp in options["tiled_mlp"]
         for offload in options["checkpoint_offload"]

@@ -45,12 +45,19 @@ class ZeroKnobs:
 class LongContext:
     """The Arctic Long Sequence Training (ALST) choices of a plan (arXiv 2506.13996; DeepSpeed
     ``runtime/sequence_parallel/ulysses_sp.py``): the Ulysses degree and the three memory tricks.
-    The default is a plan without any of them."""
+    The default is a plan without any of them. ``communication_dtype`` is the dtype ZeRO reduces
+    gradients in under Ulysses (``seq_parallel_communication_data_type``; fp32 without SP, where
+    DeepSpeed never reads it)."""
 
     sequence_parallel_size: int = 1
     tiled_mlp: bool = False
     tiled_loss: bool = False
     checkpoint_offload: bool = False
+    communication_dtype: Precision = "fp32"
+
+    @property
+    def communication_bytes(self) -> int:
+        return FP32 if self.communication_dtype == "fp32" else HALF
 
     @property
     def active(self) -> bool:
@@ -59,6 +66,8 @@ class LongContext:
     def label(self) -> str:
         """e.g. 'SP 8, tiled MLP, tiled loss, checkpoint offload' ('' when none is on)."""
         parts = [f"SP {self.sequence_parallel_size}"] if self.sequence_parallel_size > 1 else []
+        if self.sequence_parallel_size > 1 and self.communication_dtype != "fp32":
+            parts[0] += f" ({self.communication_dtype} gradient reduction)"
         parts += [
             name
             for name, on in (
@@ -194,6 +203,7 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
         "offload_optimizer_ratio": offload_optimizer_ratio(plan),
         "zeropp": zeropp_dict(plan),
         **long_context_dict(plan),
+        "seq_parallel_communication_data_type": plan.long_context.communication_dtype,
     }
 
 

@@ -29,7 +29,7 @@ hardware:
   gpu: {gpu}
   gpus_per_node: {gpus_per_node}
   nodes: {nodes}
-  # cpu_memory_gib: 1024                    host RAM per node; left out, 512 is assumed and every host verdict says so
+  # cpu_memory_gib: 1024                    host RAM per node; left out, plans stay within 512 and host RAM is not judged
   # inter_node_bandwidth_gbps: 50           per GPU, GB/s
   # nvme: {{path: /local_nvme, capacity_gib: 3500}}
 training:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,3 +34,15 @@ def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> CliResult:
         sys.argv = old_argv
     out, err = capsys.readouterr()
     return CliResult(code, out, err)
+
+
+def sweep_rows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], base: Path, key: str, values: str
+) -> list[dict[str, Any]]:
+    """``dsgen sweep`` over one spec key (``values`` a YAML list) on ``base``: the manifest's rows,
+    each run's files under ``tmp_path / "out" / <name>``."""
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(f'base: {base}\nname: "run-{{{{ {key} }}}}"\ngrid:\n  {key}: {values}\n')
+    out = tmp_path / "out"
+    assert run_cli(["sweep", str(sweep), "-o", str(out)], capsys).exit_code == 0
+    return [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]

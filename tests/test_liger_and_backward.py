@@ -20,7 +20,7 @@ from dsgen.estimate.activations import estimate_activations
 from dsgen.estimate.memory import estimate_memory
 from dsgen.plan import LongContext
 from dsgen.spec.loader import load_spec_text
-from tests.cli_helpers import run_cli
+from tests.cli_helpers import run_cli, sweep_rows
 from tests.conftest import EXAMPLES_DIR
 
 LLAMA_8B = dict(h=4096, f=14336, q=4096, kv=1024, heads=32, vocab=128256)
@@ -213,15 +213,9 @@ def test_a_batch_of_at_least_one_sequence_per_gpu_keeps_the_batch_error() -> Non
 
 def test_sweeps_vary_liger_kernel(tmp_path, capsys) -> None:
     """A sweep over training.liger_kernel prices each run with and without Liger's kernels."""
-    sweep = tmp_path / "sweep.yaml"
-    sweep.write_text(
-        f"base: {EXAMPLES_DIR / 'llama-3.1-8b-128k-8xh100.yaml'}\n"
-        'name: "liger-{{ training.liger_kernel }}"\n'
-        "grid:\n  training.liger_kernel: [false, true]\n"
-    )
-    out = tmp_path / "out"
-    assert run_cli(["sweep", str(sweep), "-o", str(out)], capsys).exit_code == 0
-    rows = {row["vars"]["training.liger_kernel"]: row for row in map(json.loads, (out / "manifest.jsonl").open())}
+    key = "training.liger_kernel"
+    found = sweep_rows(tmp_path, capsys, EXAMPLES_DIR / "llama-3.1-8b-128k-8xh100.yaml", key, "[false, true]")
+    rows = {row["vars"][key]: row for row in found}
     assert rows[True]["status"] == rows[False]["status"] == "ok"
     assert rows[True]["tiled_loss"] is False  # Liger's fused loss, not TiledFusedLogitsLoss
     # without Liger the 131K-token sequence needs Ulysses; with Liger's loss (no logits) a plain

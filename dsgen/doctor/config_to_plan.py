@@ -3,20 +3,22 @@
 Every knob the memory and step-time models read comes from the config when it sets it, else from
 DeepSpeed 0.19.8's own default; each :class:`Setting` says which, citing the DeepSpeed source
 (docs/doctor.md has the full table). The spec supplies what a config cannot say: the model,
-hardware, sequence length, attention kernel and whether the script checkpoints activations.
+hardware, sequence length, attention kernel, whether the script checkpoints activations and which
+ALST tricks its code applies (tiled MLP, tiled loss, checkpoint offload).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, cast
 
 from dsgen.doctor.batch import Batch, Parallel
 from dsgen.doctor.keys import MISSING, get
+from dsgen.long_context import TRICKS, long_context_choices
 from dsgen.plan import LongContext, Plan, ZeroKnobs
 from dsgen.spec.types import Spec
-from dsgen.vocabulary import Checkpointing, OffloadDevice, Precision
+from dsgen.vocabulary import PRECISIONS, Checkpointing, OffloadDevice, Precision
 
 ZERO_CONFIG = "deepspeed/runtime/zero/config.py DeepSpeedZeroConfig"
 OFFLOAD_CONFIG = "deepspeed/runtime/zero/offload_config.py"
@@ -214,12 +216,12 @@ def config_to_plan(
 
     assert batch.micro_batch_size is not None and batch.gradient_accumulation_steps is not None
     dp = parallel.data_parallel
-    long_context = LongContext()
+    sp = 1
     ulysses_only = parallel.tensor_parallel == 1 and parallel.pipeline_parallel == 1
     if parallel.sequence_parallel > 1 and ulysses_only:
         # Ulysses: each rank holds s / sp tokens (dsgen.estimate.sequence_parallel) and ZeRO partitions
         # over every rank, the sequence-data-parallel group (engine.py: dp_process_group=seq_data_parallel_group)
-        long_context = LongContext(sequence_parallel_size=parallel.sequence_parallel)
+        sp = parallel.sequence_parallel
         dp = parallel.world_size
     elif parallel.tensor_parallel > 1 or parallel.pipeline_parallel > 1 or parallel.sequence_parallel > 1:
         notes.append(
@@ -244,6 +246,7 @@ def config_to_plan(
         )
     )
     settings.append(Setting("activation checkpointing", checkpointing, "spec", checkpointing_source))
+    long_context = _long_context(config, spec, sp, checkpointing, settings, notes)
 
     _compare_with_spec(spec, precision, stage, offload_optimizer, offload_param, batch, notes)
     plan = Plan(
@@ -260,6 +263,47 @@ def config_to_plan(
         long_context=long_context,
     )
     return ConfigPlan(plan=plan, settings=tuple(settings), notes=tuple(notes), parallel=parallel)
+
+
+def _long_context(
+    config: Mapping[str, Any],
+    spec: Spec,
+    sp: int,
+    checkpointing: Checkpointing,
+    settings: list[Setting],
+    notes: list[str],
+) -> LongContext:
+    """The config's Ulysses degree with the ALST tricks the training code applies, which no config
+    file carries: the spec's pins (``constraints.tiled_mlp``, ``tiled_loss``, ``checkpoint_offload``;
+    unpinned, the code is taken not to apply them), and, under Ulysses, the config's
+    ``seq_parallel_communication_data_type`` (DeepSpeed's default fp32: ``runtime/config.py``,
+    ``get_communication_data_type``)."""
+    choices = long_context_choices(spec, sp, checkpointing)
+    if not choices:  # checkpoint offload pinned, but the script does not checkpoint whole layers
+        notes.append("constraints.checkpoint_offload is ignored: it needs whole-layer activation checkpointing")
+        choices = long_context_choices(
+            replace(spec, constraints=replace(spec.constraints, checkpoint_offload=False)), sp, checkpointing
+        )
+    chosen = choices[0]
+    for name in TRICKS:
+        if getattr(spec.constraints, name) is not None:
+            settings.append(Setting(name, getattr(chosen, name), "spec", f"spec constraints.{name}"))
+    if sp == 1:
+        return replace(chosen, communication_dtype="fp32")
+    given = config.get(SP_COMMUNICATION_KEY)
+    dtype = given.lower() if isinstance(given, str) and given.lower() in PRECISIONS else "fp32"
+    settings.append(
+        Setting(
+            SP_COMMUNICATION_KEY,
+            dtype,
+            "config" if given is not None else "default",
+            "deepspeed/runtime/config.py get_communication_data_type (engine.py reduces in it under SP)",
+        )
+    )
+    return replace(chosen, communication_dtype=cast(Precision, dtype))
+
+
+SP_COMMUNICATION_KEY = "seq_parallel_communication_data_type"
 
 
 def _src(zero: Mapping[str, Any], key: str) -> str:

@@ -548,12 +548,14 @@ def _with_headroom(spec: Spec, headroom: float) -> Spec:
 
 
 def _fix_spec(spec: Spec, plan: Plan) -> Spec:
-    """The spec ``dsgen solve`` would search for this run: the config's precision, global batch and
-    Ulysses degree (set in the training script as well, so a fix keeps it), every other search
-    dimension free (the doctor reads them from the config, the fix may change them)."""
+    """The spec ``dsgen solve`` would search for this run: the config's precision, global batch,
+    Ulysses degree (set in the training script as well, so a fix keeps it) and SP reduction dtype,
+    every other search dimension free (the doctor reads them from the config, the fix may change
+    them)."""
     constraints = replace(
         spec.constraints,
         sequence_parallel_size=plan.long_context.sequence_parallel_size,
+        seq_parallel_communication_data_type=plan.long_context.communication_dtype,
         zero_stage=None,
         offload_optimizer=None,
         offload_param=None,

@@ -44,12 +44,6 @@ from dsgen.plan import Plan
 from dsgen.spec.types import Training
 from dsgen.units import FP32, GIB
 
-#: ``seq_parallel_communication_data_type``'s default (DeepSpeed ``runtime/constants.py``:
-#: ``SEQ_PARALLEL_COMMUNICATION_DATA_TYPE_DEFAULT = "fp32"``): with SP the engine reduces gradients
-#: in this dtype (``engine.py``: ``self.communication_data_type = seq_parallel_communication_data_type``).
-SP_COMMUNICATION_DTYPE = "fp32"
-SP_COMMUNICATION_BYTES = FP32
-
 #: ArcticTraining's tiled-loss tile: about 1 GiB of fp32 logits per tile.
 LOSS_TILE_BYTES = GIB
 
@@ -215,9 +209,13 @@ def all_to_all_bytes(shape: ModelShape, plan: Plan, local_sequence: int) -> int:
 
 
 def sp_reduction_bytes(shape: ModelShape, plan: Plan) -> int:
-    """The fp32 copy of one reduce bucket: with SP, ZeRO casts each gradient bucket to
-    ``seq_parallel_communication_data_type`` (fp32 by default) before reducing it
-    (``stage_1_and_2.py`` / ``stage3.py``: ``tensor.to(self.communication_data_type)``)."""
-    if plan.sequence_parallel_size == 1 or plan.zero_stage == 0 or plan.dtype_bytes == SP_COMMUNICATION_BYTES:
+    """The copy of one reduce bucket in the reduction dtype: with SP the engine reduces gradients in
+    ``seq_parallel_communication_data_type`` (``engine.py``: ``self.communication_data_type =
+    self._config.seq_parallel_communication_data_type``; DeepSpeed's default ``"fp32"``,
+    ``runtime/constants.py``), and ZeRO casts each bucket to it before reducing
+    (``stage_1_and_2.py`` / ``stage3.py``: ``tensor.to(self.communication_data_type)``); none when it
+    is the training dtype (ALST's recipes set ``bf16``)."""
+    lc = plan.long_context
+    if lc.sequence_parallel_size == 1 or plan.zero_stage == 0 or lc.communication_dtype == plan.precision:
         return 0
-    return SP_COMMUNICATION_BYTES * min(plan.knobs.reduce_bucket_size, shape.parameter_count())
+    return lc.communication_bytes * min(plan.knobs.reduce_bucket_size, shape.parameter_count())

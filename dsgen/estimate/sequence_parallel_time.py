@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.estimate.attention_speed import attention_seconds, kernel_shares
-from dsgen.estimate.sequence_parallel import SP_COMMUNICATION_BYTES
 from dsgen.plan import Plan
 from dsgen.spec.types import Hardware, Training
 
@@ -63,9 +62,11 @@ def all_to_all_s(shape: ModelShape, plan: Plan, hardware: Hardware, training: Tr
 
 
 def sp_gradient_reduction_s(shape: ModelShape, plan: Plan, hardware: Hardware, efficiency: float) -> float:
-    """The extra bytes of reducing gradients in fp32 rather than the training dtype."""
+    """The extra bytes of reducing gradients in ``seq_parallel_communication_data_type`` when it is
+    wider than the training dtype (fp32 under bf16 or fp16: twice the bytes; a narrower one is not
+    credited)."""
     n = plan.data_parallel_size
-    extra = SP_COMMUNICATION_BYTES - plan.dtype_bytes
+    extra = plan.long_context.communication_bytes - plan.dtype_bytes
     if plan.sequence_parallel_size == 1 or n == 1 or extra <= 0:
         return 0.0
     link = hardware.gpu.interconnect_bandwidth_gbps

@@ -482,5 +482,11 @@ class _SpecBuilder:
             micro_batch_size=pinned("micro_batch_size"),
             gradient_accumulation_steps=pinned("gradient_accumulation_steps"),
             zeropp=pinned("zeropp"),
-            **_given(block, "memory_headroom", "allow_batch_rounding", floats=("memory_headroom",)),
+            **_given(
+                block,
+                "memory_headroom",
+                "allow_batch_rounding",
+                "seq_parallel_communication_data_type",
+                floats=("memory_headroom",),
+            ),
         )

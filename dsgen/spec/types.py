@@ -15,7 +15,7 @@ from dsgen.errors import Location
 from dsgen.spec.defaults import spec_default
 from dsgen.spec.yaml_source import locate
 from dsgen.units import GIB
-from dsgen.vocabulary import Checkpointing, OffloadDevice, PrecisionChoice
+from dsgen.vocabulary import Checkpointing, OffloadDevice, Precision, PrecisionChoice
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,7 @@ class Constraints:
     tiled_mlp: bool | None = None  # DeepSpeed TiledMLP
     tiled_loss: bool | None = None  # TiledFusedLogitsLoss / Liger fused linear cross-entropy
     checkpoint_offload: bool | None = None  # checkpointed layer inputs in host RAM
+    seq_parallel_communication_data_type: Precision = spec_default("constraints.seq_parallel_communication_data_type")
 
 
 @dataclass(frozen=True)

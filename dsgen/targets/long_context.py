@@ -16,7 +16,7 @@ in every case.
 from __future__ import annotations
 
 from dsgen.errors import DsgenError
-from dsgen.estimate.sequence_parallel import SP_COMMUNICATION_DTYPE, tiled_mlp_shards
+from dsgen.estimate.sequence_parallel import tiled_mlp_shards
 from dsgen.plan import Plan
 from dsgen.spec.types import Spec
 from dsgen.vocabulary import HF_ATTN_IMPLEMENTATION
@@ -43,7 +43,7 @@ def ds_config_keys(plan: Plan) -> dict[str, object]:
         return {}
     return {
         "sequence_parallel_size": plan.sequence_parallel_size,
-        "seq_parallel_communication_data_type": SP_COMMUNICATION_DTYPE,
+        "seq_parallel_communication_data_type": plan.long_context.communication_dtype,
     }
 
 
