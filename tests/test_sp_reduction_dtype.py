@@ -140,3 +140,13 @@ def test_a_sweep_varies_the_reduction_dtype(tmp_path: Path, capsys: pytest.Captu
         assert row["seq_parallel_communication_data_type"] == row["vars"][key]
         config = json.loads((tmp_path / "out" / row["name"] / "ds_config.json").read_text())
         assert config["seq_parallel_communication_data_type"] == row["vars"][key]
+
+
+def test_a_ulysses_config_says_which_tricks_it_assumed_off() -> None:
+    """No config file says whether the code tiles the MLP or offloads checkpoints: unpinned, the
+    doctor assumes not and says so (tiled_loss is not asked of a Liger run, whose loss is fused)."""
+    assumed = [f for f in diagnose(RECIPE, _spec(code="")).findings if f.code == "long-context-assumed"]
+    assert len(assumed) == 1
+    assert "constraints.tiled_mlp" in assumed[0].message and "constraints.checkpoint_offload" in assumed[0].message
+    assert "tiled_loss" not in assumed[0].message
+    assert not [f for f in diagnose(RECIPE, _spec()).findings if f.code == "long-context-assumed"]

@@ -23,6 +23,7 @@ from dsgen.doctor.parallelism import accelerate_data_parallel_size, sp_disagreem
 from dsgen.errors import DsgenError, ExitCode
 from dsgen.estimate.kernel_limits import KERNEL_LIMIT_HINT
 from dsgen.estimate.sequence_parallel import sp_violation
+from dsgen.long_context import TRICKS
 from dsgen.plan import Plan
 from dsgen.report import PHASE_LABELS
 from dsgen.solver import Evaluation, evaluate, gib, resolve_precision, solve
@@ -153,6 +154,28 @@ def _checkpointing(spec: Spec, trainer_args: Mapping[str, Any] | None) -> tuple[
         "the spec does not say whether the script checkpoints activations (constraints.activation_checkpointing); "
         "assumed it does not",
     )
+
+
+def _tricks_assumed(spec: Spec, plan: Plan) -> list[DoctorFinding]:
+    """A Ulysses config whose spec leaves an ALST trick unpinned: the doctor takes the training code
+    not to apply it (no config file says), which at long sequences decides the verdict."""
+    if plan.long_context.sequence_parallel_size == 1:
+        return []
+    unpinned = [name for name in TRICKS if getattr(spec.constraints, name) is None]
+    if spec.training.liger_kernel:
+        unpinned = [name for name in unpinned if name != "tiled_loss"]  # Liger's fused loss already tiles it
+    if not unpinned:
+        return []
+    names = ", ".join(f"constraints.{name}" for name in unpinned)
+    return [
+        DoctorFinding(
+            "warning",
+            "long-context-assumed",
+            f"the config runs Ulysses sequence parallelism, but the spec does not say whether the training code "
+            f"applies {names}; assumed it does not",
+            "pin them (true or false) in the spec to price what the script does",
+        )
+    ]
 
 
 def _dominant(evaluation: Evaluation) -> Dominant:
@@ -405,6 +428,7 @@ def _price(spec: Spec, trainer_args: Mapping[str, Any] | None, r: _Resolution, v
             findings.append(
                 DoctorFinding("warning" if pinned else "info", "spec-pin" if pinned else "config-note", note)
             )
+        findings += _tricks_assumed(spec, config_plan.plan)
         evaluation = evaluate(spec, config_plan.plan)
     refused = any(f.severity == "error" for f in (*r.findings, *v.findings, *findings))
     if evaluation is None or refused:
