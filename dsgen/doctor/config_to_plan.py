@@ -22,6 +22,7 @@ from dsgen.vocabulary import PRECISIONS, Checkpointing, OffloadDevice, Precision
 
 ZERO_CONFIG = "deepspeed/runtime/zero/config.py DeepSpeedZeroConfig"
 OFFLOAD_CONFIG = "deepspeed/runtime/zero/offload_config.py"
+SP_COMMUNICATION_KEY = "seq_parallel_communication_data_type"  # a top-level key, read under Ulysses only
 
 # (config key under zero_optimization, ZeroKnobs field, DeepSpeed 0.19.8 default, where it is set)
 KNOB_KEYS: tuple[tuple[str, str, Any, str], ...] = (
@@ -301,9 +302,6 @@ def _long_context(
         )
     )
     return replace(chosen, communication_dtype=cast(Precision, dtype))
-
-
-SP_COMMUNICATION_KEY = "seq_parallel_communication_data_type"
 
 
 def _src(zero: Mapping[str, Any], key: str) -> str:
