@@ -290,10 +290,10 @@ def manifest_row(sweep: Sweep, outcome: Outcome, written: list[str]) -> dict[str
         "verdict": fit.verdict if fit else None,
         "fill": round(fit.fill, 4) if fit else None,
         "likely": fit.likely if fit else None,
+        # the plan's last output-contract key (issue 21), appended for the same reason
+        "seq_parallel_communication_data_type": plan.long_context.communication_dtype if plan else None,
         "files": written,
         # after files, for the same reason: what starts the run, and which of its files those are
         "launcher": outcome.launcher,
         "launch_files": [p for p in (f"{outcome.run.name}/{name}" for name in outcome.launch_files) if p in written],
-        # the plan's last output-contract key, appended last
-        "seq_parallel_communication_data_type": plan.long_context.communication_dtype if plan else None,
     }

@@ -201,12 +201,13 @@ def test_zeropp_settings_are_in_the_plan_and_the_manifest(tmp_path: Path, capsys
     for row in rows:
         assert isinstance(row["offload_optimizer_ratio"], float)
         assert row["zeropp"] in {"none", "hpz", "hpz+qwz+qgz"}
-        assert list(row)[-8:] == [
+        assert list(row)[-9:] == [
             "offload_optimizer_ratio",
             "zeropp",
             "verdict",
             "fill",
             "likely",
+            "seq_parallel_communication_data_type",
             "files",
             "launcher",
             "launch_files",
