@@ -133,12 +133,11 @@ def ds_estimate(case: dict[str, Any], priced: Priced, z2: Any, z3: Any) -> DsVer
 def right_at(outcome: str, e: Evaluation, headroom: float) -> bool:
     """Whether the verdict is right when a plan fits only below ``(1 - headroom)`` of GPU memory."""
     fits_gpu = e.memory.gpu.total <= e.usable_gpu_bytes * (1 - headroom)
-    host_ok = e.fits_cpu or e.host_unjudged  # no host verdict on RAM the spec does not state (Evaluation.fit)
     if outcome == "fits":
-        return fits_gpu and host_ok
+        return fits_gpu and not e.host_short
     if outcome == "oom":
         return not fits_gpu
-    return not host_ok
+    return e.host_short
 
 
 def terms(e: Evaluation) -> str:

@@ -80,7 +80,7 @@ class Evaluation:
         verdict = classify(
             self.memory.gpu.total,
             self.memory.gpu.capacity,
-            (self.fits_cpu or self.host_unjudged) and self.fits_nvme,
+            not self.host_short and self.fits_nvme,
             long_context=self.plan.long_context.active,
             packed_samples=self.packed_samples,
         )
@@ -109,6 +109,11 @@ class Evaluation:
             ("kernel", self.kernel_limit is not None),
         )
         return tuple(name for name, fails in failed if fails)
+
+    @property
+    def host_short(self) -> bool:
+        """The plan needs more host RAM than the node the spec states has (the host-oom of :attr:`fit`)."""
+        return not self.fits_cpu and not self.memory.cpu.capacity_assumed
 
     @property
     def host_unjudged(self) -> bool:
