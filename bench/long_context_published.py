@@ -2,9 +2,11 @@
 
 Reads bench/data/long_context_runs.yaml (each run with its source and a quote) and prints:
 
-1. Verdict agreement: every run's own settings pinned (stage, offloads, Ulysses degree, tiling,
-   checkpoint offload, checkpointing where stated), micro-batch 1, one sequence per data-parallel
-   rank; dsgen's solve says fits / does not fit, against what happened. Goal: >= 90 %.
+1. Verdict agreement: the verdict dsgen itself gives each run, against what happened. An
+   ArcticTraining recipe: ``dsgen doctor`` on the DeepSpeed config the recipe ran, the spec saying
+   what its code applies (tiling, checkpoint offload, checkpointing). Any other run: ``dsgen solve``
+   with the run's settings pinned (stage, offloads, Ulysses degree, tricks), micro-batch 1, one
+   sequence per data-parallel rank. Goal: >= 90 %.
 2. ``dsgen frontier`` for Llama-3.1-8B on 1, 8 and 32 H100 80GB (1.9 TB host RAM per node, as the
    ALST runs had) against the paper's 500K, 3.7M and 15M. Goal: within x1.25.
 3. Predicted against published speed where a source gives one (tokens/s, or seconds per optimizer
@@ -30,9 +32,8 @@ sys.path.insert(0, str(REPO))
 
 from dataclasses import replace  # noqa: E402
 
-from outcome_specs import run_knobs  # noqa: E402
-
 from dsgen.api import frontier_of, load_spec, solve_spec  # noqa: E402
+from dsgen.doctor.diagnose import diagnose  # noqa: E402
 from dsgen.errors import DsgenError  # noqa: E402
 from dsgen.estimate.memory import HOST_RESERVE  # noqa: E402
 from dsgen.solver import Evaluation, evaluate  # noqa: E402
@@ -84,38 +85,87 @@ def spec_data(run: dict[str, Any], host_gib: float) -> dict[str, Any]:
     }
 
 
-def pinned_spec(run: dict[str, Any], host_gib: float) -> tuple[Spec, str]:
-    """``run``'s settings loaded as a dsgen spec, and what had to change for dsgen to take them.
+#: What a recipe's training code decides and no DeepSpeed config carries: the spec tells
+#: ``dsgen doctor`` (docs/doctor.md). ArcticTraining checkpoints unless told not to
+#: (arctic_training/config/model.py: ``disable_activation_checkpoint: bool = False``).
+CODE_CONSTRAINTS = ("activation_checkpointing", "tiled_mlp", "tiled_loss", "checkpoint_offload")
 
-    dsgen models Liger-Kernel's memory for dense models only and refuses the setting otherwise;
-    such a run is loaded without it, and the returned caveat says so ("" when nothing changed).
-    """
+
+def recipe_config(run: dict[str, Any]) -> dict[str, Any]:
+    """The DeepSpeed config ArcticTraining hands DeepSpeed for ``run``'s recipe
+    (arctic_training/config/trainer.py, ``build_deepspeed_config``): the recipe's own
+    ``zero_optimization`` block, which replaces ArcticTraining's defaults whole
+    (``ds_config.get("zero_optimization", {...})``), its ``seq_parallel_communication_data_type:
+    bf16``, and the keys ArcticTraining adds (micro-batch 1, no accumulation, ``train_batch_size``
+    = GPUs / SP, bf16, clipping 1.0)."""
+    c = run["constraints"]
+    sp = c.get("sequence_parallel_size", 1)
+    zero: dict[str, Any] = {"stage": c["zero_stage"]}
+    for key in ("offload_optimizer", "offload_param"):
+        if c.get(key, "none") != "none":
+            zero[key] = {"device": c[key]}
+    return {
+        "zero_optimization": zero,
+        "seq_parallel_communication_data_type": "bf16",
+        "train_micro_batch_size_per_gpu": 1,
+        "train_batch_size": run["gpus"] // sp,
+        "gradient_accumulation_steps": 1,
+        "sequence_parallel_size": sp,
+        "steps_per_print": 10,
+        "bfloat16": {"enabled": True},
+        "gradient_clipping": 1.0,
+        "prescale_gradients": False,
+        "wall_clock_breakdown": False,
+    }
+
+
+def _loaded(data: dict[str, Any], run: dict[str, Any]) -> tuple[Spec, str]:
+    """``data`` loaded as a dsgen spec, and what had to change for dsgen to take it: dsgen models
+    Liger-Kernel's memory for dense models only and refuses the setting otherwise; such a run is
+    loaded without it, and the returned caveat says so ("" when nothing changed)."""
     try:
-        return load_spec(spec_data(run, host_gib)), ""
+        return load_spec(data), ""
     except DsgenError as exc:
         if exc.path != "training.liger_kernel":
             raise
-        return load_spec(spec_data({**run, "liger_kernel": False}, host_gib)), f"priced without Liger ({exc.message}); "
+        data = {**data, "training": {**data["training"], "liger_kernel": False}}
+        return load_spec(data), f"priced without Liger ({exc.message}); "
+
+
+def pinned_spec(run: dict[str, Any], host_gib: float) -> tuple[Spec, str]:
+    """``run``'s settings loaded as a dsgen spec, every search dimension pinned, with
+    :func:`_loaded`'s caveat."""
+    return _loaded(spec_data(run, host_gib), run)
 
 
 def priced(run: dict[str, Any], host_gib: float) -> tuple[Evaluation, str]:
-    """dsgen's evaluation of ``run`` with its own settings pinned (what ``solve`` prints for it),
-    and :func:`pinned_spec`'s caveat."""
+    """What dsgen itself says of ``run``, and :func:`_loaded`'s caveat.
+
+    An ArcticTraining recipe: ``dsgen doctor`` on the DeepSpeed config the recipe ran
+    (:func:`recipe_config`), with a spec that states the cluster, the sequence and what the code
+    applies (:data:`CODE_CONSTRAINTS`). Any other run, whose config is not published: ``dsgen
+    solve`` on a spec pinning its settings, the plan ``solve`` prints; a run that offloaded its
+    optimizer did so whole (DeepSpeed's default ``offload_optimizer.ratio``, 1.0), which
+    constraints cannot pin, so that plan is re-priced with it, as bench/outcome_specs.py does.
+    """
+    if arctic_recipe(run):
+        data = spec_data(run, host_gib)
+        code = {key: value for key, value in run["constraints"].items() if key in CODE_CONSTRAINTS}
+        data["constraints"] = {"activation_checkpointing": True, **code}
+        spec, caveat = _loaded(data, run)
+        d = diagnose(recipe_config(run), spec, max_fixes=0)
+        refused = [f.message for f in d.validation.findings if f.severity == "error"]
+        assert d.evaluation is not None and not refused, (
+            f"{run['id']}: the doctor refused the recipe's config: {refused}"
+        )
+        return d.evaluation, caveat
     spec, caveat = pinned_spec(run, host_gib)
     result = solve_spec(spec)
     shown = result.best if result.best is not None else result.closest
     assert shown is not None
-    # The run offloaded its whole optimizer (DeepSpeed's default offload_optimizer.ratio, 1.0, as
-    # every recipe leaves it), and a recipe ran DeepSpeed's own ZeRO knobs: its zero_optimization
-    # block replaces ArcticTraining's defaults whole (arctic_training/config/trainer.py,
-    # build_deepspeed_config: ds_config.get("zero_optimization", {...})). Constraints cannot pin
-    # either, so the plan is re-priced with them, as bench/outcome_specs.py does for the fit corpus.
-    plan = shown.plan
-    if plan.offload_optimizer != "none":
-        plan = replace(plan, offload_ratio=1.0)
-    if arctic_recipe(run):
-        plan = replace(plan, knobs=run_knobs({"zero_stage": plan.zero_stage}, {}, spec.model))
-    return (evaluate(spec, plan) if plan != shown.plan else shown), caveat
+    if shown.plan.offload_optimizer == "none":
+        return shown, caveat
+    return evaluate(spec, replace(shown.plan, offload_ratio=1.0)), caveat
 
 
 def outcomes_by_band(evaluated: list[tuple[dict[str, Any], Evaluation]]) -> dict[Band, list[str]]:
@@ -183,7 +233,7 @@ def main() -> int:
     for run in corpus["runs"]:
         heldout = bool(run.get("heldout"))
         e, caveat = priced(run, host)
-        # dsgen's own verdict of that plan (what solve prints for it), read as what it says will
+        # dsgen's own verdict of that run (what doctor or solve prints for it), read as what it says will
         # happen (FitVerdict.likely: tight leans to its governing band's majority), as
         # bench/fit_accuracy.py reads it; host-oom is right only for a run that ran out of host
         # memory, and invalid (a kernel limit, memory permitting) only for a run that fails
