@@ -41,7 +41,6 @@ import os
 import statistics
 import sys
 import tempfile
-import weakref
 from pathlib import Path
 from typing import Any
 
@@ -54,14 +53,15 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
+from live_bytes import LiveBytes  # noqa: E402  (bench/live_bytes.py)
 from long_context_worker import patch_tiled_mlp  # noqa: E402  (bench/long_context_worker.py)
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from torch.utils._pytree import tree_flatten  # noqa: E402
 
 from dsgen.catalog.hf_config import shape_from_hf_config  # noqa: E402
+from dsgen.catalog.model_shape import ModelShape  # noqa: E402
 from dsgen.catalog.presets import get_gpu  # noqa: E402
 from dsgen.estimate.layer_backward import loss_backward_bytes  # noqa: E402
 from dsgen.estimate.memory import estimate_memory  # noqa: E402
+from dsgen.estimate.sequence_parallel import long_context_memory  # noqa: E402
 from dsgen.plan import LongContext, Plan  # noqa: E402
 from dsgen.spec.types import Hardware, Training  # noqa: E402
 
@@ -81,52 +81,33 @@ VARIANTS = {
 }
 SEQUENCES = (1024, 4096)
 PRECISIONS = ("fp32", "bf16")  # bf16: transformers' RMSNorm upcasts to fp32, so the two differ
+# the forward of a checkpointed layer: (family, sequence, TiledMLP, precision); checkpoint offload
+# moves the saved input only, which the forward's working set does not include
+FORWARD_CASES = [(f, s, t, p) for p in PRECISIONS for f in MODELS for s in SEQUENCES for t in (False, True)]
 
 
-class LiveBytes(TorchDispatchMode):
-    """Bytes of the storages operators have created that are still alive, and their high point."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.live = 0
-        self.peak = 0
-        self._refs: dict[int, weakref.ref[Any]] = {}
-
-    def _count(self, tensor: torch.Tensor) -> None:
-        storage = tensor.untyped_storage()
-        key, nbytes = storage.data_ptr(), storage.nbytes()
-        if nbytes == 0 or key in self._refs:
-            return  # a view of a storage already counted
-
-        def freed(_ref: Any, key: int = key, nbytes: int = nbytes) -> None:
-            self._refs.pop(key, None)
-            self.live -= nbytes
-
-        self._refs[key] = weakref.ref(storage, freed)
-        self.live += nbytes
-        self.peak = max(self.peak, self.live)
-
-    def restart_peak(self) -> None:
-        self.peak = self.live
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        for value in tree_flatten(out)[0]:
-            if isinstance(value, torch.Tensor) and value.device.type == "cpu":
-                self._count(value)
-        return out
-
-
-def measure(
-    family: str, sequence_length: int, tiled_mlp: bool, checkpoint_offload: bool, precision: str = "fp32"
-) -> int:
-    """Peak bytes above what is live when the first rebuilt layer starts its backward."""
+def _model(family: str, precision: str, tiled_mlp: bool) -> tuple[Any, Any, Any]:
+    """The tiny model, checkpointed as transformers does it (reentrant), with TiledMLP patched in
+    when asked; its config; and the MLP forward to put back (None when not patched)."""
     config = transformers.AutoConfig.for_model(family, **MODELS[family])
     torch.manual_seed(0)
     dtype = torch.float32 if precision == "fp32" else torch.bfloat16
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype)
     original_mlp = patch_tiled_mlp(model) if tiled_mlp else None
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    model.train()
+    return model, config, original_mlp
+
+
+def _ids(config: Any, sequence_length: int) -> torch.Tensor:
+    return torch.randint(0, config.vocab_size, (1, sequence_length), generator=torch.Generator().manual_seed(1))
+
+
+def measure(
+    family: str, sequence_length: int, tiled_mlp: bool, checkpoint_offload: bool, precision: str = "fp32"
+) -> int:
+    """Peak bytes above what is live when the first rebuilt layer starts its backward."""
+    model, config, original_mlp = _model(family, precision, tiled_mlp)
     for p in model.parameters():
         p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
     checkpoint = torch.utils.checkpoint.CheckpointFunction
@@ -160,8 +141,7 @@ def measure(
     if checkpoint_offload:
         checkpoint.apply = offloading_apply  # type: ignore[method-assign]
     try:
-        ids = torch.randint(0, config.vocab_size, (1, sequence_length), generator=torch.Generator().manual_seed(1))
-        model.train()
+        ids = _ids(config, sequence_length)
         with tracker:
             loss = model(input_ids=ids, labels=ids, use_cache=False).loss
             loss.backward()
@@ -177,10 +157,41 @@ def measure(
     return tracker.peak - start[0]
 
 
-def predict(
-    family: str, sequence_length: int, tiled_mlp: bool, checkpoint_offload: bool, precision: str = "fp32"
-) -> tuple[int, int]:
-    """dsgen's transient for the plan, and its loss term (which must be the smaller)."""
+def measure_forward(family: str, sequence_length: int, tiled_mlp: bool, precision: str = "fp32") -> int:
+    """The most bytes a checkpointed layer's forward holds at once: its input, and the peak of what
+    its operators create beyond what was live when it started (parameters excluded: an operator
+    returning a view of a weight would otherwise count it); the highest over the layers."""
+    model, config, original_mlp = _model(family, precision, tiled_mlp)
+    checkpoint = torch.utils.checkpoint.CheckpointFunction
+    descriptor = checkpoint.__dict__["forward"]
+    original_forward = checkpoint.forward
+    tracker = LiveBytes()
+    tracker.exclude(model.parameters())
+    layers: list[int] = []
+
+    def forward(ctx: Any, run_function: Any, preserve: bool, *args: Any) -> Any:
+        entry = tracker.live
+        tracker.restart_peak()
+        out = original_forward(ctx, run_function, preserve, *args)
+        layer_input = next(a for a in args if torch.is_tensor(a))
+        layers.append(layer_input.untyped_storage().nbytes() + tracker.peak - entry)
+        return out
+
+    checkpoint.forward = staticmethod(forward)  # type: ignore[method-assign]
+    try:
+        with tracker:
+            model(input_ids=_ids(config, sequence_length), labels=_ids(config, sequence_length), use_cache=False)
+    finally:
+        checkpoint.forward = descriptor  # type: ignore[method-assign]
+        if original_mlp is not None:
+            type(model.model.layers[0].mlp).forward = original_mlp
+    return max(layers)
+
+
+def _priced(
+    family: str, sequence_length: int, tiled_mlp: bool, checkpoint_offload: bool, precision: str
+) -> tuple[ModelShape, Plan, Training]:
+    """The model's shape as dsgen reads its config.json, and the plan and training it prices."""
     with tempfile.TemporaryDirectory() as tmp:
         transformers.AutoConfig.for_model(family, **MODELS[family]).save_pretrained(tmp)
         shape = shape_from_hf_config(Path(tmp) / "config.json")
@@ -196,8 +207,24 @@ def predict(
         long_context=LongContext(1, tiled_mlp, False, checkpoint_offload),
     )
     training = Training(sequence_length=sequence_length, global_batch_size=1, attention="sdpa", precision=precision)
+    return shape, plan, training
+
+
+def predict(
+    family: str, sequence_length: int, tiled_mlp: bool, checkpoint_offload: bool, precision: str = "fp32"
+) -> tuple[int, int]:
+    """dsgen's transient for the plan, and its loss term (which must be the smaller)."""
+    shape, plan, training = _priced(family, sequence_length, tiled_mlp, checkpoint_offload, precision)
     memory = estimate_memory(shape, plan, Hardware(gpu=get_gpu("h100-80gb")), training)
     return memory.gpu.transient, loss_backward_bytes(shape, plan.dtype_bytes, sequence_length, False)
+
+
+def predict_forward(family: str, sequence_length: int, tiled_mlp: bool, precision: str = "fp32") -> int:
+    """dsgen's checkpointed layer forward for the plan: its input and working set
+    (``LongContextMemory.layer_forward``, which ``GpuMemory.first_layer_forward`` adds to the
+    model states)."""
+    shape, plan, training = _priced(family, sequence_length, tiled_mlp, False, precision)
+    return long_context_memory(shape, plan, training).layer_forward
 
 
 def main() -> int:
@@ -215,14 +242,29 @@ def main() -> int:
         error = 100 * (predicted - measured) / measured
         errors.append(abs(error))
         print(f"{name:<44} {measured:>12,} {predicted:>12,} {error:>+7.1f}%")
+    met = _summary("rebuilt layer's backward working set", errors)
+    print(f"\n{'case (forward of a checkpointed layer)':<44} {'measured':>12} {'predicted':>12} {'error':>8}")
+    forward_errors: list[float] = []
+    for family, sequence_length, tiled_mlp, precision in FORWARD_CASES:
+        measured = measure_forward(family, sequence_length, tiled_mlp, precision)
+        predicted = predict_forward(family, sequence_length, tiled_mlp, precision)
+        error = 100 * (predicted - measured) / measured
+        forward_errors.append(abs(error))
+        name = f"{family} {precision} s={sequence_length}" + (" +tiled-mlp" if tiled_mlp else "")
+        print(f"{name:<44} {measured:>12,} {predicted:>12,} {error:>+7.1f}%")
+    met = _summary("checkpointed layer's forward (input and working set)", forward_errors) and met
+    return 0 if met else 1
+
+
+def _summary(what: str, errors: list[float]) -> bool:
     median, worst = statistics.median(errors), max(errors)
     met = median <= MEDIAN_TARGET and worst <= WORST_TARGET
     print(
-        f"rebuilt layer's backward working set, {len(errors)} cases: median |error| {median:.1f} % "
+        f"{what}, {len(errors)} cases: median |error| {median:.1f} % "
         f"(target <= {MEDIAN_TARGET:.0f} %), worst {worst:.1f} % (target <= {WORST_TARGET:.0f} %): "
         + ("met" if met else "NOT met")
     )
-    return 0 if met else 1
+    return met
 
 
 if __name__ == "__main__":

@@ -4,11 +4,14 @@ For a tiny Llama (4 query heads, 2 kv heads) and a tiny Qwen3 (4 query heads, 1 
 kv heads are replicated to the SP degree), at two sequence lengths, with Ulysses alone and with
 TiledMLP, the tiled loss and checkpoint offload, ``bench/long_context_worker.py`` runs on 2 CPU
 ranks (torchrun, gloo, DeepSpeed's CPU accelerator, ZeRO-2, fp32) and reports per rank the bytes
-autograd holds at the end of forward (device) and the bytes checkpoint offload moves to the host.
+autograd holds at the end of forward (device), the bytes checkpoint offload moves to the host
+and, under checkpointing, the most one checkpointed layer's forward holds (its input and working
+set, parameters excluded).
 
 Predicted: :func:`dsgen.estimate.sequence_parallel.long_context_memory` for the
 :class:`ModelShape` :func:`dsgen.catalog.hf_config.shape_from_hf_config` reads from the same
-``config.json`` (``activations.total``; ``host_per_rank`` for the offloaded checkpoints).
+``config.json`` (``activations.total``; ``host_per_rank`` for the offloaded checkpoints;
+``layer_forward`` for the checkpointed layer's forward).
 
 What cannot run on CPU: FlashAttention-2 (CUDA only). sdpa runs PyTorch's fused CPU kernel, which
 saves what the CUDA flash kernel saves (q, k, v, output, fp32 log-sum-exp), so the measured
@@ -70,6 +73,7 @@ VARIANTS = {
     "sp2": dict(tiled_mlp=False, tiled_loss=False, checkpoint_offload=False),
     "sp2+tiled-mlp": dict(tiled_mlp=True, tiled_loss=False, checkpoint_offload=False),
     "sp2+tiled-loss": dict(tiled_mlp=False, tiled_loss=True, checkpoint_offload=False),
+    "sp2+offload": dict(tiled_mlp=False, tiled_loss=False, checkpoint_offload=True),
     "sp2+all+offload": dict(tiled_mlp=True, tiled_loss=True, checkpoint_offload=True),
 }
 SEQUENCES = (512, 1024)
@@ -89,7 +93,8 @@ def cases_for(family: str) -> list[dict[str, Any]]:
     ]
 
 
-def predict(config_dir: Path, case: dict[str, Any]) -> tuple[int, int]:
+def predict(config_dir: Path, case: dict[str, Any]) -> tuple[int, int, int]:
+    """Per-rank activation bytes, offloaded checkpoint bytes and one checkpointed layer's forward."""
     shape = shape_from_hf_config(config_dir / "config.json")
     lc = LongContext(SP, case["tiled_mlp"], case["tiled_loss"], case["checkpoint_offload"])
     plan = Plan(
@@ -106,7 +111,7 @@ def predict(config_dir: Path, case: dict[str, Any]) -> tuple[int, int]:
     memory = long_context_memory(
         shape, plan, Training(sequence_length=case["sequence_length"], global_batch_size=1, attention="sdpa")
     )
-    return memory.activations.total, memory.host_per_rank
+    return memory.activations.total, memory.host_per_rank, memory.layer_forward
 
 
 def _port() -> int:
@@ -139,7 +144,10 @@ def measure(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def main() -> int:
     errors: list[float] = []
-    print(f"{'case':<32} {'rank':>4} {'measured':>10} {'predicted':>10} {'error':>7}   host measured / predicted")
+    print(
+        f"{'case':<32} {'rank':>4} {'measured':>10} {'predicted':>10} {'error':>7}"
+        "   host measured / predicted   layer forward measured / predicted"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for family in MODELS:
             config_dir = Path(tmp) / family
@@ -148,14 +156,19 @@ def main() -> int:
             cases = {c["name"]: c for c in cases_for(family)}
             for row in measure(list(cases.values())):
                 case = cases[row["name"]]
-                device, host = predict(config_dir, case)
+                device, host, forward = predict(config_dir, case)
                 error = 100 * (device - row["device_bytes"]) / row["device_bytes"]
                 errors.append(abs(error))
                 host_text = ""
                 if case["checkpoint_offload"]:
                     host_error = 100 * (host - row["host_bytes"]) / row["host_bytes"]
                     errors.append(abs(host_error))
-                    host_text = f"{row['host_bytes']:>8} / {host:>8} ({host_error:+.1f}%)"
+                    forward_error = 100 * (forward - row["layer_forward_bytes"]) / row["layer_forward_bytes"]
+                    errors.append(abs(forward_error))
+                    host_text = (
+                        f"{row['host_bytes']:>8} / {host:>8} ({host_error:+.1f}%)"
+                        f"   {row['layer_forward_bytes']:>8} / {forward:>8} ({forward_error:+.1f}%)"
+                    )
                 print(
                     f"{row['name']:<32} {row['rank']:>4} {row['device_bytes']:>10} {device:>10} {error:>+6.1f}%   {host_text}"
                 )

@@ -39,3 +39,29 @@ def test_rebuilt_layer_working_set_matches_a_real_backward(
     predicted, loss_term = bench.predict(family, sequence, tiled_mlp, offload, precision=precision)
     assert loss_term < predicted  # the transient is the rebuilt layer, not the loss
     assert predicted == pytest.approx(measured, rel=0.01)
+
+
+# (family, precision, sequence, tiled MLP, config overrides): the stage that peaks differs by case
+FORWARD_CASES = [
+    ("llama", "bf16", 512, False, {}),  # the untiled MLP
+    ("qwen3", "bf16", 1024, True, {}),  # the q norm's fp32 upcast (the MLP is tiled)
+    ("llama", "fp32", 1024, True, {}),  # rotary embedding beside q, k, v
+    # a shape the bench does not run: wide attention, 2 kv heads, a narrow MLP, tiled
+    ("llama", "bf16", 2048, True, {"num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32}),
+]
+
+
+@pytest.mark.parametrize(("family", "precision", "sequence", "tiled_mlp", "overrides"), FORWARD_CASES)
+def test_checkpointed_layer_forward_matches_a_real_forward(
+    bench: ModuleType,
+    monkeypatch: pytest.MonkeyPatch,
+    family: str,
+    precision: str,
+    sequence: int,
+    tiled_mlp: bool,
+    overrides: dict[str, int],
+) -> None:
+    monkeypatch.setitem(bench.MODELS, family, {**bench.MODELS[family], **overrides})
+    measured = bench.measure_forward(family, sequence, tiled_mlp, precision)
+    predicted = bench.predict_forward(family, sequence, tiled_mlp, precision)
+    assert predicted == pytest.approx(measured, rel=0.01)

@@ -50,6 +50,11 @@ class GpuMemory:
     step_gradients: int  # the optimizer step's hand-off: fp32 gradients formed beside the 16-bit ones
     step_overhead: int = 0  # fixed allowances only: no activation-proportional slack in the step
     step_temporary: int = 0  # the optimizer's own working tensors while it steps (torch foreach)
+    # the GPU while the first whole-layer-checkpointed layer runs forward (model states, ZeRO's
+    # buffers, the layer's input and working set, the allowances); 0 without whole-layer
+    # checkpointing. Below ``total`` in practice; what it decides is which resource a plan short of
+    # both GPU and host RAM runs out of first (dsgen.solver.Evaluation.fit)
+    first_layer_forward: int = 0
     _total = None  # cache of ``total``, not a field (no annotation); set with object.__setattr__
 
     @property
@@ -251,16 +256,25 @@ def estimate_memory(
         host_total = process + offloaded
     else:
         raise ValueError(f"unknown accounting {accounting!r}; expected one of {ACCOUNTINGS}")
-    buffers = buffer_bytes(shape, plan)
+    zero_buffers = buffer_bytes(shape, plan)
     # activations, the loss or rebuilt-layer transient, and whatever Ulysses SP, tiling and
     # checkpoint offload change (a plan without them is the one-GPU, untiled case)
     long = long_context_memory(shape, plan, training, logits_released)
     acts, transient = long.activations, long.transient
-    buffers += long.buffers
     checkpoints = hardware.gpus_per_node * long.host_per_rank
     host_total += checkpoints
+    buffers = zero_buffers + long.buffers
     dynamic = acts.total + buffers + transient
     fixed = CUDA_CONTEXT_BYTES + COMM_LIBRARY_BYTES
+    first_layer_forward = 0
+    if long.layer_forward:
+        first_layer_forward = (
+            states.parameters
+            + states.gpu_optimizer_states
+            + zero_buffers
+            + fixed
+            + int((1 + ALLOCATOR_SLACK) * long.layer_forward)
+        )
     gpu = GpuMemory(
         parameters=states.parameters,
         optimizer_states=states.gpu_optimizer_states,
@@ -273,6 +287,7 @@ def estimate_memory(
         step_gradients=states.step_gradients,
         step_overhead=fixed,
         step_temporary=optimizer_step_temporary(states, plan, training.optimizer),
+        first_layer_forward=first_layer_forward,
     )
     cpu = HostMemory(
         total=host_total,

@@ -40,6 +40,7 @@ from dsgen.estimate.activations import (
     liger_loss_transient,
 )
 from dsgen.estimate.layer_backward import layer_backward_bytes, loss_backward_bytes, mlp_saved_bytes
+from dsgen.estimate.layer_forward import layer_forward_bytes
 from dsgen.plan import Plan
 from dsgen.spec.types import Training
 from dsgen.units import FP32, GIB
@@ -113,6 +114,9 @@ class LongContextMemory:
     transient: int  # the loss tile or full logits, or one recomputed layer / MLP shard
     buffers: int  # all-to-all staging and the fp32 SP gradient-reduction copy
     host_per_rank: int  # offloaded checkpoints in host RAM
+    # a whole-layer-checkpointed layer's forward: its input and its working set (layer_forward.py);
+    # 0 when layers are not checkpointed whole (their forward saves what ``activations`` counts)
+    layer_forward: int = 0
 
 
 def _attention_delta(shape: ModelShape, e: int, sp: int) -> int:
@@ -187,11 +191,17 @@ def long_context_memory(
     acts = ActivationEstimate(
         per_layer=per_layer, layers=layers, outside_layers=outside, recompute_working_set=rebuilt + backward
     )
+    forward = 0
+    if full:
+        forward = tokens * e * shape.hidden_size + layer_forward_bytes(
+            shape, e, tokens, sp, training.liger_kernel, shard
+        )
     return LongContextMemory(
         activations=acts,
         transient=max(logits, acts.recompute_working_set),
         buffers=all_to_all_bytes(shape, plan, s_local) + sp_reduction_bytes(shape, plan),
         host_per_rank=host,
+        layer_forward=forward,
     )
 
 
