@@ -35,6 +35,7 @@ def memory_dict(e: Evaluation) -> dict[str, Any]:
             "usable": e.usable_gpu_bytes,
             "peak_phase": gpu.peak_phase,
             "phases": {"forward_backward": gpu.forward_backward, "optimizer_step": gpu.optimizer_step},
+            "first_layer_forward": gpu.first_layer_forward,
             "gradients_by_phase": {"forward_backward": gpu.backward_gradients, "optimizer_step": gpu.step_gradients},
         },
         "cpu": {

@@ -76,11 +76,12 @@ class Evaluation:
         ``hardware.cpu_memory_gib`` is unset, the verdict is the GPU's, and :attr:`host_unjudged`
         says what the plan needs (the assumption still bounds what the solver picks). Of the held-out
         published runs dsgen called host-oom on the assumed size, none ran out of host memory
-        (docs/prediction-accuracy.md, "Host RAM the source does not state")."""
+        (docs/prediction-accuracy.md, "Host RAM the source does not state"). A plan short of both
+        is ``oom`` when the GPU runs out first (:attr:`gpu_runs_out_first`)."""
         verdict = classify(
             self.memory.gpu.total,
             self.memory.gpu.capacity,
-            not self.host_short and self.fits_nvme,
+            (not self.host_short or self.gpu_runs_out_first) and self.fits_nvme,
             long_context=self.plan.long_context.active,
             packed_samples=self.packed_samples,
         )
@@ -116,6 +117,20 @@ class Evaluation:
         return not self.fits_cpu and not self.memory.cpu.capacity_assumed
 
     @property
+    def gpu_runs_out_first(self) -> bool:
+        """Short of both GPU and host RAM, the GPU runs out first: checkpoint offload fills the host
+        one layer's checkpoint at a time during forward, and a GPU that cannot hold the first
+        checkpointed layer's forward (``GpuMemory.first_layer_forward``) runs out there, while the
+        host holds what it held before forward. A host already short before forward (the offloaded
+        model states, allocated when the engine is built) runs out first."""
+        gpu, cpu = self.memory.gpu, self.memory.cpu
+        return (
+            cpu.checkpoints > 0
+            and gpu.first_layer_forward > gpu.capacity
+            and cpu.total - cpu.checkpoints <= self.usable_cpu_bytes
+        )
+
+    @property
     def host_unjudged(self) -> bool:
         """The plan needs more host RAM than the size assumed for a node whose RAM the spec does not
         state: the verdict leaves the host unjudged (:attr:`fit`) and the user is told to state it."""
@@ -138,6 +153,11 @@ class Evaluation:
             problems.append(
                 f"needs {gib(self.memory.cpu.total)} host RAM per node, {gib(self.usable_cpu_bytes)} usable"
                 + self.host_capacity_note
+            )
+        if self.gpu_runs_out_first:
+            problems.append(
+                f"the GPU runs out first: the first checkpointed layer's forward needs "
+                f"{gib(self.memory.gpu.first_layer_forward)}, before the host holds more than that layer's checkpoint"
             )
         if not self.fits_nvme:
             if self.memory.nvme.capacity == 0:

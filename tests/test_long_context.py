@@ -294,3 +294,38 @@ def test_long_context_compute_is_the_matmuls_at_the_mfu_plus_the_attention_core(
     core = attention_s(spec.model, plan, spec.hardware, spec.training, rate)
     step = estimate_step_time(spec.model, plan, spec.hardware, spec.training)
     assert step.compute_s == pytest.approx(matmuls * 4 / 3 / (8 * rate) + core)
+
+
+def _llama70b_on_two_nodes(seq: int, host_gib: int) -> str:
+    """ArcticTraining's run-sp16-llama-70b.yml settings: ZeRO-3 with the optimizer on the CPU, SP 16,
+    TiledMLP, checkpoint offload, Liger, on two nodes of 8 H100 80 GB with 1.9 TB of host RAM each."""
+    return (
+        "model: {preset: llama-3.1-70b}\n"
+        f"hardware: {{gpu: h100-80gb, gpus_per_node: 8, nodes: 2, cpu_memory_gib: {host_gib}}}\n"
+        f"training: {{sequence_length: {seq}, global_batch_size: 1, liger_kernel: true, packed_samples: true}}\n"
+        "constraints: {micro_batch_size: 1, memory_headroom: 0.0, zero_stage: 3, offload_optimizer: cpu,"
+        " offload_param: none, sequence_parallel_size: 16, tiled_mlp: true, checkpoint_offload: true,"
+        " activation_checkpointing: true, seq_parallel_communication_data_type: bf16}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("seq", "host_gib", "verdict"),
+    [
+        # the recipe's tries: "max_length: 1_6000_000 # gpu oom" and "max_length: 2_000_000 # cpu oom NV 50.65 GB"
+        (16_000_000, 1769, "oom"),
+        (2_000_000, 1769, "host-oom"),
+        # a host too small for the offloaded optimizer states runs out when the engine is built,
+        # before the first layer's forward: host-oom, whatever the GPU would have needed
+        (16_000_000, 200, "host-oom"),
+    ],
+)
+def test_the_resource_that_runs_out_first_is_named(seq: int, host_gib: int, verdict: str) -> None:
+    """Short of both GPU and host RAM under checkpoint offload, the verdict names the one that runs
+    out first: the host fills a checkpoint per layer during forward, so a GPU that cannot hold the
+    first checkpointed layer's forward runs out before the host does."""
+    result = solve_spec(load_spec_text(_llama70b_on_two_nodes(seq, host_gib)))
+    assert not result.feasible and result.closest is not None
+    evaluation = result.closest
+    assert not evaluation.fits_cpu  # short of host RAM in all three
+    assert evaluation.fit.verdict == verdict
