@@ -174,7 +174,28 @@ def host_bytes(states: ModelStates, plan: Plan, hardware: Hardware) -> tuple[int
     # states are allocated, so the two do not add up.
     loading = ranks * plan.dtype_bytes * states.partitioning.parameters if plan.zero_stage < 3 else 0
     process = ranks * HOST_BYTES_PER_RANK
-    return process + max(loading, offloaded), offloaded
+    return process + max(loading, zero12_host_flattening(states, plan, hardware), offloaded), offloaded
+
+
+def zero12_host_flattening(states: ModelStates, plan: Plan, hardware: Hardware) -> int:
+    """Host bytes per node while ZeRO-1/2 flattens its parameter group on the CPU (0 when it
+    flattens on the GPU).
+
+    DeepSpeed 0.19.8's ``DeepSpeedZeroOptimizer.__init__`` (``stage_1_and_2.py``) builds each
+    group's flat buffer on the GPU when ``available_memory()`` (without pynvml: capacity less what
+    torch has allocated, here the model's own parameters) holds the buffer; otherwise it copies
+    every parameter to the host (``param.cpu_data = param.data.cpu()``), flattens those copies
+    into a second host buffer and only then moves the flat buffer to the GPU, so each rank holds
+    the group twice on the host at once. The engine has moved the model to the GPU before (the
+    loading copies are gone), and the offloaded optimizer states are allocated after, so the
+    three host peaks do not add up."""
+    if plan.zero_stage not in (1, 2):
+        return 0
+    model = plan.dtype_bytes * states.partitioning.parameters
+    flat = plan.dtype_bytes * states.partitioning.zero12_slice * states.partitioning.ranks
+    if hardware.gpu.memory_bytes - model >= flat:
+        return 0
+    return hardware.gpus_per_node * (model + flat)
 
 
 def nvme_bytes(states: ModelStates, hardware: Hardware) -> int:
