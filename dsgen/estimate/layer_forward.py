@@ -29,11 +29,11 @@ def _attention_stage(shape: ModelShape, e: int, sp: int, liger: bool) -> int:
     until the attention returns. Without Ulysses the high point is transformers'
     ``apply_rotary_pos_emb``: ``q * cos``, ``rotate_half(q) * sin`` and their sum beside q, or k's
     three beside the rotated q (Liger's rotary kernel writes q and k in place, so only the core's
-    output and its contiguous copy follow). Under Ulysses it is ``_partition_global_sequence``: the head-sharded q, k and v over the
-    full sequence (k and v replicated to one head per rank when there are fewer key/value heads
-    than ``p``), the core's output, the all-to-all's result and its contiguous copy, and the
-    ``position_ids`` gathered from every rank (``dist.all_gather`` into ``p`` buffers, then
-    ``torch.cat``)."""
+    output and its contiguous copy follow). Under Ulysses it is ``_partition_global_sequence``:
+    the head-sharded q, k and v over the full sequence (k and v replicated to one head per rank
+    when there are fewer key/value heads than ``p``), the core's output, the all-to-all's result
+    and its contiguous copy, and the ``position_ids`` gathered from every rank
+    (``dist.all_gather`` into ``p`` buffers, then ``torch.cat``)."""
     h, q, kv = shape.hidden_size, shape.q_size, shape.kv_size
     projections = e * (h + q + 2 * kv)
     if sp > 1:
