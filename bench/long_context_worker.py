@@ -96,14 +96,12 @@ def run_case(case: dict[str, Any], mpu: Any, rank: int) -> dict[str, Any]:
         def offloading_forward(ctx: Any, run_function: Any, preserve: bool, *args: Any) -> Any:
             first = next(a for a in args if torch.is_tensor(a))
             offloaded.append(first)  # ArcticTraining saves first.detach().cpu(): host bytes
-            bound = getattr(run_function, "keywords", {}) or {}
-            held.extend(_tensors(list(bound.values())))  # the layer's keyword tensors live in the closure
+            bound = _tensors(list((getattr(run_function, "keywords", {}) or {}).values()))
+            held.extend(bound)  # the layer's keyword tensors live in the closure
             # the layer's forward working set: the most bytes its operators hold at once beyond what
             # was live when it started (parameters, buffers and the layer's arguments excluded)
             tracker = LiveBytes()
-            tracker.exclude(
-                [*model.parameters(), *model.buffers(), *_tensors(list(args)), *_tensors(list(bound.values()))]
-            )
+            tracker.exclude([*model.parameters(), *model.buffers(), *_tensors(list(args)), *bound])
             with tracker:
                 out = original(ctx, run_function, preserve, *args)
             layer_forward.append(first.numel() * first.element_size() + tracker.peak)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,13 @@ def _missing(reason: str) -> None:
     if os.environ.get("DSGEN_REQUIRE_ALL") == "1":
         pytest.fail(f"required oracle unavailable: {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now, for a rendezvous the test starts."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def require_module(name: str) -> ModuleType:

@@ -26,7 +26,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from functools import cache
@@ -41,7 +40,7 @@ from dsgen.api import build_bundle
 from dsgen.targets import FRAMEWORK_FILE
 from dsgen.units import GIB
 from tests.cli_helpers import run_cli
-from tests.conftest import EXAMPLES_DIR, REPO_ROOT, _missing, require_module
+from tests.conftest import EXAMPLES_DIR, REPO_ROOT, _missing, free_port, require_module
 
 SCHEMAS = Path(__file__).resolve().parent / "fixtures" / "k8s-schemas"
 MIB = 1024 * 1024
@@ -330,12 +329,6 @@ def test_kubernetes_names_are_valid_and_distinct() -> None:
         )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.mark.slow
 def test_container_command_runs_torchrun_in_the_copied_bundle(
     bundles: dict[tuple[str, str], tuple[Any, Any]], tmp_path: Path
@@ -374,7 +367,7 @@ def test_container_command_runs_torchrun_in_the_copied_bundle(
         "PET_NPROC_PER_NODE": "2",
         "PET_NODE_RANK": "0",
         "PET_MASTER_ADDR": "127.0.0.1",
-        "PET_MASTER_PORT": str(_free_port()),
+        "PET_MASTER_PORT": str(free_port()),
     }
     done = subprocess.run(
         ["bash", "-c", body, command[3], "--epochs", "1"],

@@ -5,14 +5,13 @@ CPU run of the hf-trainer bundle with Ulysses SP = 2."""
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from dsgen.api import load_spec, render_bundle, solve_spec
-from tests.conftest import EXAMPLES_DIR, require_module
+from tests.conftest import EXAMPLES_DIR, free_port, require_module
 
 SPEC = """\
 model: {{preset: llama-3.1-8b}}
@@ -102,12 +101,6 @@ def test_trainer_environment_builds_the_parallelism_config(
     assert "TiledMLP.apply" in script
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.deepspeed
 @pytest.mark.slow
 @pytest.mark.parametrize("ranks", [2, 4])
@@ -141,7 +134,7 @@ def test_hf_trainer_sp2_bundle_trains_two_steps(tmp_path: Path, ranks: int) -> N
     ds_oracle.prebuild_ops(["ShareMemCommBuilder", "FusedAdamBuilder"])
     env = ds_oracle.worker_env()
     env.update(
-        TRAIN_SCRIPT=str(Path(__file__).resolve().parent / "hf_trainer_sp_script.py"), MASTER_PORT=str(_free_port())
+        TRAIN_SCRIPT=str(Path(__file__).resolve().parent / "hf_trainer_sp_script.py"), MASTER_PORT=str(free_port())
     )
     args = ["--model-config", str(config), "--max-steps", "2", "--seq-len", "32", "--output-dir", str(tmp_path / "out")]
     proc = subprocess.run(

@@ -37,7 +37,7 @@ from dsgen.spec.types import Spec
 from dsgen.targets import ALLOWED_LAUNCHERS, DEFAULT_LAUNCHER
 from dsgen.targets.bundle import Bundle, write_bundle
 from dsgen.validate import validate_config
-from tests.conftest import EXAMPLES_DIR, _missing, require_module
+from tests.conftest import EXAMPLES_DIR, _missing, free_port, require_module
 
 # (example spec, overrides, global batch the spec asks for, nodes, GPUs per node)
 PLANS: dict[str, tuple[str, list[str], int, int, int]] = {
@@ -468,14 +468,6 @@ def test_sweep_runs_hold_their_target_files(tmp_path: Path, capsys: Any) -> None
 # ---- one bundle really launches: launch.sh -> torchrun -> HF Trainer -> DeepSpeed ------------
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.mark.slow
 @pytest.mark.deepspeed
 def test_hf_trainer_bundle_trains_two_steps_through_its_launch_script(tmp_path: Path) -> None:
@@ -497,7 +489,7 @@ def test_hf_trainer_bundle_trains_two_steps_through_its_launch_script(tmp_path: 
     ds_oracle.prebuild_ops(["ShareMemCommBuilder", "FusedAdamBuilder"])
     env = ds_oracle.worker_env()
     env.update(
-        TRAIN_SCRIPT=str(Path(__file__).resolve().parent / "hf_trainer_script.py"), MASTER_PORT=str(_free_port())
+        TRAIN_SCRIPT=str(Path(__file__).resolve().parent / "hf_trainer_script.py"), MASTER_PORT=str(free_port())
     )
     script_args = ["--model-config", str(config), "--max-steps", "2", "--output-dir", str(tmp_path / "out")]
     proc = subprocess.run(

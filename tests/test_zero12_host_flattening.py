@@ -31,7 +31,7 @@ from dsgen.estimate.model_states import model_states
 from dsgen.plan import Plan
 from dsgen.spec.types import Hardware
 from dsgen.units import GIB
-from tests.conftest import require_module
+from tests.conftest import free_port, require_module
 
 TINY_LLAMA = dict(
     hidden_size=64,
@@ -119,4 +119,4 @@ def test_host_flattening_threshold_is_deepspeeds(tmp_path: Path) -> None:
         on_host = zero12_host_flattening(states, plan, hardware)
         assert on_host == (model_bytes + flat_bytes if expected == "host" else 0)
         # what CUDA's fallback reports once the model is on the GPU: total less the parameters
-        assert _deepspeed_branch(free, 29500 + int.from_bytes(os.urandom(2)) % 20000) == expected
+        assert _deepspeed_branch(free, free_port()) == expected
