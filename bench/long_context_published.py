@@ -4,8 +4,9 @@ Reads bench/data/long_context_runs.yaml (each run with its source and a quote) a
 
 1. Verdict agreement: the verdict dsgen itself gives each run, against what happened. An
    ArcticTraining recipe: ``dsgen doctor`` on the DeepSpeed config the recipe ran, the spec saying
-   what its code applies (tiling, checkpoint offload, checkpointing). Any other run: ``dsgen solve``
-   with the run's settings pinned (stage, offloads, Ulysses degree, tricks), micro-batch 1, one
+   what its code applies (tiling, checkpoint offload, checkpointing); another run that offloaded
+   its optimizer: ``dsgen doctor`` on the config of its stated settings. Any other run: ``dsgen
+   solve`` with the run's settings pinned (stage, Ulysses degree, tricks), micro-batch 1, one
    sequence per data-parallel rank. Goal: >= 90 %.
 2. ``dsgen frontier`` for Llama-3.1-8B on 1, 8 and 32 H100 80GB (1.9 TB host RAM per node, as the
    ALST runs had) against the paper's 500K, 3.7M and 15M. Goal: within x1.25.
@@ -36,7 +37,7 @@ from dsgen.api import frontier_of, load_spec, solve_spec  # noqa: E402
 from dsgen.doctor.diagnose import diagnose  # noqa: E402
 from dsgen.errors import DsgenError  # noqa: E402
 from dsgen.estimate.memory import HOST_RESERVE  # noqa: E402
-from dsgen.solver import Evaluation, evaluate  # noqa: E402
+from dsgen.solver import Evaluation  # noqa: E402
 from dsgen.spec.types import Spec  # noqa: E402
 from dsgen.verdict import LONG_CONTEXT_BANDS, Band, band_of  # noqa: E402
 
@@ -91,6 +92,28 @@ def spec_data(run: dict[str, Any], host_gib: float) -> dict[str, Any]:
 CODE_CONSTRAINTS = ("activation_checkpointing", "tiled_mlp", "tiled_loss", "checkpoint_offload")
 
 
+def stated_config(run: dict[str, Any]) -> dict[str, Any]:
+    """The DeepSpeed config ``run``'s stated settings make: its ZeRO stage and offload devices (the
+    whole optimizer offloaded, DeepSpeed's default ``offload_optimizer.ratio``), its Ulysses degree,
+    bf16, micro-batch 1 and the accumulation that meets its global batch; every other key is
+    DeepSpeed's default."""
+    c = run["constraints"]
+    sp = c.get("sequence_parallel_size", 1)
+    zero: dict[str, Any] = {"stage": c["zero_stage"]}
+    for key in ("offload_optimizer", "offload_param"):
+        if c.get(key, "none") != "none":
+            zero[key] = {"device": c[key]}
+    batch = run.get("global_batch_size", run["gpus"] // sp)
+    return {
+        "zero_optimization": zero,
+        "train_micro_batch_size_per_gpu": 1,
+        "train_batch_size": batch,
+        "gradient_accumulation_steps": batch // (run["gpus"] // sp),
+        "sequence_parallel_size": sp,
+        "bfloat16": {"enabled": True},
+    }
+
+
 def recipe_config(run: dict[str, Any]) -> dict[str, Any]:
     """The DeepSpeed config ArcticTraining hands DeepSpeed for ``run``'s recipe
     (arctic_training/config/trainer.py, ``build_deepspeed_config``): the recipe's own
@@ -98,21 +121,10 @@ def recipe_config(run: dict[str, Any]) -> dict[str, Any]:
     (``ds_config.get("zero_optimization", {...})``), its ``seq_parallel_communication_data_type:
     bf16``, and the keys ArcticTraining adds (micro-batch 1, no accumulation, ``train_batch_size``
     = GPUs / SP, bf16, clipping 1.0)."""
-    c = run["constraints"]
-    sp = c.get("sequence_parallel_size", 1)
-    zero: dict[str, Any] = {"stage": c["zero_stage"]}
-    for key in ("offload_optimizer", "offload_param"):
-        if c.get(key, "none") != "none":
-            zero[key] = {"device": c[key]}
     return {
-        "zero_optimization": zero,
+        **stated_config(run),
         "seq_parallel_communication_data_type": "bf16",
-        "train_micro_batch_size_per_gpu": 1,
-        "train_batch_size": run["gpus"] // sp,
-        "gradient_accumulation_steps": 1,
-        "sequence_parallel_size": sp,
         "steps_per_print": 10,
-        "bfloat16": {"enabled": True},
         "gradient_clipping": 1.0,
         "prescale_gradients": False,
         "wall_clock_breakdown": False,
@@ -142,30 +154,29 @@ def priced(run: dict[str, Any], host_gib: float) -> tuple[Evaluation, str]:
     """What dsgen itself says of ``run``, and :func:`_loaded`'s caveat.
 
     An ArcticTraining recipe: ``dsgen doctor`` on the DeepSpeed config the recipe ran
-    (:func:`recipe_config`), with a spec that states the cluster, the sequence and what the code
-    applies (:data:`CODE_CONSTRAINTS`). Any other run, whose config is not published: ``dsgen
-    solve`` on a spec pinning its settings, the plan ``solve`` prints; a run that offloaded its
-    optimizer did so whole (DeepSpeed's default ``offload_optimizer.ratio``, 1.0), which
-    constraints cannot pin, so that plan is re-priced with it, as bench/outcome_specs.py does.
+    (:func:`recipe_config`). Any other run that offloaded its optimizer: ``dsgen doctor`` on the
+    config of its stated settings (:func:`stated_config`): it offloaded the whole optimizer, which a
+    spec's constraints cannot pin (``solve`` may choose part of it). Both with a spec that states
+    the cluster, the sequence and what the code applies (:data:`CODE_CONSTRAINTS`). Any other run:
+    ``dsgen solve`` on a spec pinning its settings, the plan ``solve`` prints.
     """
-    if arctic_recipe(run):
-        data = spec_data(run, host_gib)
-        code = {key: value for key, value in run["constraints"].items() if key in CODE_CONSTRAINTS}
-        data["constraints"] = {"activation_checkpointing": True, **code}
-        spec, caveat = _loaded(data, run)
-        d = diagnose(recipe_config(run), spec, max_fixes=0)
-        refused = [f.message for f in d.validation.findings if f.severity == "error"]
-        assert d.evaluation is not None and not refused, (
-            f"{run['id']}: the doctor refused the recipe's config: {refused}"
-        )
-        return d.evaluation, caveat
-    spec, caveat = pinned_spec(run, host_gib)
-    result = solve_spec(spec)
-    shown = result.best if result.best is not None else result.closest
-    assert shown is not None
-    if shown.plan.offload_optimizer == "none":
+    c = run["constraints"]
+    if not arctic_recipe(run) and c.get("offload_optimizer", "none") == "none":
+        spec, caveat = pinned_spec(run, host_gib)
+        result = solve_spec(spec)
+        shown = result.best if result.best is not None else result.closest
+        assert shown is not None
         return shown, caveat
-    return evaluate(spec, replace(shown.plan, offload_ratio=1.0)), caveat
+    data = spec_data(run, host_gib)
+    code = {key: value for key, value in c.items() if key in CODE_CONSTRAINTS}
+    # ArcticTraining checkpoints unless told not to
+    data["constraints"] = {"activation_checkpointing": True, **code} if arctic_recipe(run) else code
+    spec, caveat = _loaded(data, run)
+    config = recipe_config(run) if arctic_recipe(run) else stated_config(run)
+    d = diagnose(config, spec, max_fixes=0)
+    refused = [f.message for f in d.validation.findings if f.severity == "error"]
+    assert d.evaluation is not None and not refused, f"{run['id']}: the doctor refused the config: {refused}"
+    return d.evaluation, caveat
 
 
 def outcomes_by_band(evaluated: list[tuple[dict[str, Any], Evaluation]]) -> dict[Band, list[str]]:
