@@ -13,12 +13,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dsgen.deepspeed_release import SUPPORTED
 from dsgen.resources import schema_path
 from dsgen.validate import validate_config
 from dsgen.validate.loader import loads
 from dsgen.validate.rules.context import ZERO_ALIASES
 from dsgen.validate.schema_findings import base_schema, schema_for, validator_class
-from dsgen.validate.versions import PROFILES, SUPPORTED
+from dsgen.validate.versions import PROFILES
 from tests.conftest import require_module
 
 SCHEMA_RULES = {

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from dsgen.deepspeed_release import normalize_version
 from dsgen.validate import validate_config
-from dsgen.validate.versions import normalize_version
 
 MB = {"train_micro_batch_size_per_gpu": 2}
 

@@ -73,10 +73,10 @@ def validate(
     as_json: Annotated[bool, typer.Option("--json", help="Same as --format json.")] = False,
 ) -> None:
     """Lint DeepSpeed configs: the full DeepSpeed schema plus the cross-field rules DeepSpeed misses."""
+    from dsgen.deepspeed_release import normalize_version
     from dsgen.errors import DsgenError
     from dsgen.validate import TARGETS, validate_file
     from dsgen.validate.report import FORMATS, FileResult, render
-    from dsgen.validate.versions import normalize_version
 
     fmt = "json" if as_json else fmt
     if fmt not in FORMATS:

@@ -12,10 +12,10 @@ package is cheap (standard library only; jsonschema and the schema are loaded by
 
 from __future__ import annotations
 
+from dsgen.deepspeed_release import SUPPORTED as SUPPORTED_VERSIONS
 from dsgen.validate.findings import Finding, Report
 from dsgen.validate.rules import RULES
 from dsgen.validate.targets import TARGETS
 from dsgen.validate.validator import validate_config, validate_file
-from dsgen.validate.versions import SUPPORTED as SUPPORTED_VERSIONS
 
 __all__ = ["RULES", "SUPPORTED_VERSIONS", "TARGETS", "Finding", "Report", "validate_config", "validate_file"]

@@ -16,15 +16,12 @@ new DeepSpeed release is one more profile.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-SUPPORTED: tuple[str, ...] = ("0.14", "0.16", "0.19")
-DEFAULT_VERSION = "0.19"
-RELEASES = {"0.14": "0.14.5", "0.16": "0.16.9", "0.19": "0.19.8"}
+from dsgen.deepspeed_release import RELEASES, normalize_version
 
 # A patch is (operation, property path from the root, argument):
 #   drop     - the key does not exist in that release (unknown there)
@@ -184,15 +181,6 @@ PROFILES: dict[str, Profile] = {
 @cache
 def _key(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in version.split("."))
-
-
-def normalize_version(text: str) -> str:
-    """Map ``0.19``, ``0.19.8`` or ``v0.16.9`` to a supported profile name; ValueError otherwise."""
-    match = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.\d+)?", text.strip())
-    name = f"{match.group(1)}.{match.group(2)}" if match else None
-    if name not in PROFILES:
-        raise ValueError(f"unsupported DeepSpeed version {text!r}; choose one of {', '.join(SUPPORTED)}")
-    return name
 
 
 def profile(version: str) -> Profile:
