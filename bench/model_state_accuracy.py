@@ -193,7 +193,7 @@ def prepare(config_json: Path, case: Case) -> dict[str, Any]:
         plan = dataclasses.replace(plan, offload_ratio=1.0)
     optimizer = spec.training.optimizer.type
     record = model_states(spec.model, plan, optimizer)
-    host = host_bytes(record, plan, spec.hardware)[1] // spec.hardware.gpus_per_node
+    host = host_bytes(record, plan, spec.hardware, spec.training.deepspeed_version)[1] // spec.hardware.gpus_per_node
     return {
         "config": render(spec, plan).config,
         "predicted": {

@@ -124,20 +124,39 @@ def doctor(
     world_size: int | None = None,
     training_args: str | Path | dict[str, Any] | None = None,
     error: str | None = None,
+    deepspeed_version: str | None = None,
 ) -> Diagnosis:
     """Size an existing DeepSpeed config on the spec's cluster (``dsgen doctor``): verdict,
-    memory per phase, findings and ranked fixes. Paths are read here; bad input raises DsgenError."""
+    memory per phase, findings and ranked fixes. Paths are read here; bad input raises DsgenError.
+    ``deepspeed_version`` replaces the spec's ``training.deepspeed_version``: the release the
+    config is checked and priced against."""
+    from dataclasses import replace
+
     from dsgen.doctor.auto_values import load_training_args
     from dsgen.doctor.diagnose import diagnose
     from dsgen.spec.types import Spec
     from dsgen.validate import loader
 
     data = config if isinstance(config, dict) else loader.load(config).data
-    loaded_spec = spec if isinstance(spec, Spec) else load_spec(spec)
+    release = None if deepspeed_version is None else _release_name(deepspeed_version)
+    if isinstance(spec, Spec):
+        loaded_spec = spec if release is None else replace(spec, training=replace(spec.training, deepspeed_version=release))
+    else:  # through the loader, so its rules for the release hold (no ALST before 0.17.4)
+        loaded_spec = load_spec(spec, [] if release is None else [f'training.deepspeed_version="{release}"'])
     args = (
         training_args if isinstance(training_args, dict) or training_args is None else load_training_args(training_args)
     )
     return diagnose(data, loaded_spec, world_size=world_size, trainer_args=args, error_text=error)
+
+
+def _release_name(version: str) -> str:
+    from dsgen.deepspeed_release import normalize_version
+    from dsgen.errors import DsgenError
+
+    try:
+        return normalize_version(version)
+    except ValueError as exc:
+        raise DsgenError(f"--deepspeed-version: {exc}", path="training.deepspeed_version") from None
 
 
 def run_sweep_to(

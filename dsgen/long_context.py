@@ -11,6 +11,7 @@ from dataclasses import fields
 from functools import cache
 
 from dsgen.catalog.model_shape import ModelShape
+from dsgen.deepspeed_release import release_key
 from dsgen.estimate.sequence_parallel import sp_violation
 from dsgen.plan import LongContext
 from dsgen.spec.types import Spec
@@ -18,13 +19,24 @@ from dsgen.vocabulary import Checkpointing, Precision
 
 TRICKS = ("tiled_loss", "tiled_mlp", "checkpoint_offload")
 
+#: The first DeepSpeed release with every piece of ALST dsgen plans: ``UlyssesSPAttentionHF``,
+#: ``TiledMLP`` (deepspeed/runtime/sequence_parallel/ulysses_sp.py, deepspeedai/DeepSpeed#7268,
+#: 0.17.0) and ``TiledFusedLogitsLoss`` (0.17.4). ArcticTraining, whose patch offloads the
+#: checkpoints, builds on those releases too.
+ALST_SINCE: tuple[int, ...] = (0, 17, 4)
+
+
+def alst_available(spec: Spec) -> bool:
+    """Whether the spec's DeepSpeed release (``training.deepspeed_version``) has ALST."""
+    return release_key(spec.training.deepspeed_version) >= ALST_SINCE
+
 
 def sequence_parallel_degrees(spec: Spec, search: bool = False) -> tuple[int, ...]:
     """The Ulysses degrees to search, ascending: the pinned one, or every divisor of the GPU
     count DeepSpeed accepts for this model, attention and sequence (1 always). ``search=False``
     (every other dimension pinned): ``auto`` means off, so a fully pinned plan stays that plan."""
     pinned = spec.constraints.sequence_parallel_size
-    if pinned is not None or not search:
+    if pinned is not None or not search or not alst_available(spec):
         return (pinned or 1,)
     return _degrees(spec.model, spec.hardware.world_size, spec.training.sequence_length, spec.training.attention)
 
@@ -45,9 +57,10 @@ def long_context_choices(spec: Spec, sp: int, checkpointing: Checkpointing, sear
     """Every combination of the three tricks the spec allows at Ulysses degree ``sp``, fewest
     tricks first (so a subset is always priced before its supersets). TiledMLP needs a dense MLP;
     checkpoint offload needs whole-layer checkpointing; with Liger's fused loss there is no
-    logits tensor left to tile. ``search=False``: ``auto`` means off."""
+    logits tensor left to tile. ``search=False``, or a DeepSpeed release without ALST: ``auto``
+    means off."""
     c = spec.constraints
-    auto = [False, True] if search else [False]
+    auto = [False, True] if search and alst_available(spec) else [False]
     options = {
         "tiled_loss": [c.tiled_loss] if c.tiled_loss is not None else auto,
         "tiled_mlp": [c.tiled_mlp] if c.tiled_mlp is not None else auto,

@@ -146,7 +146,7 @@ def render(spec: Spec, plan: Plan, target: str = "deepspeed", template_dir: Path
     except json.JSONDecodeError as exc:
         raise DsgenError(f"template {name} produced invalid JSON: {exc}") from exc
     text = json.dumps(config, indent=2) + "\n"
-    check_rendered(config, plan, target)
+    check_rendered(config, plan, target, spec.training.deepspeed_version)
     return Rendered(target=target, text=text, config=config)
 
 
@@ -190,8 +190,9 @@ def template_context(
     }
 
 
-def check_rendered(config: dict[str, Any], plan: Plan, target: str) -> None:
-    """Refuse to hand out a config whose batch keys are not the plan's or that breaks DeepSpeed's rules.
+def check_rendered(config: dict[str, Any], plan: Plan, target: str, deepspeed_version: str) -> None:
+    """Refuse to hand out a config whose batch keys are not the plan's or that breaks the rules of
+    DeepSpeed ``deepspeed_version`` (the spec's ``training.deepspeed_version``).
 
     A key may be absent or ``"auto"`` where the target's framework sets it; a concrete one must be
     the plan's number, whoever's template wrote it.
@@ -211,7 +212,9 @@ def check_rendered(config: dict[str, Any], plan: Plan, target: str) -> None:
         )
     from dsgen.validate import validate_config
 
-    report = validate_config(config, world_size=plan.batch_parallel_size, target=target)  # W = world / SP
+    report = validate_config(  # W = world / SP
+        config, world_size=plan.batch_parallel_size, target=target, deepspeed_version=deepspeed_version
+    )
     if not report.ok:
         details = "; ".join(f"{f.rule_id} at {f.pointer or '/'}: {f.message}" for f in report.errors)
         raise DsgenError(f"the rendered config failed validation: {details}", exit_code=ExitCode.FINDINGS, hint=hint)

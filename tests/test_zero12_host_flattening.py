@@ -116,7 +116,7 @@ def test_host_flattening_threshold_is_deepspeeds(tmp_path: Path) -> None:
     flat_bytes = 4 * states.partitioning.zero12_slice * states.partitioning.ranks
     for free, expected in ((flat_bytes - 1, "host"), (flat_bytes, "accelerator")):
         hardware = Hardware(gpu=_gpu_of(model_bytes + free), gpus_per_node=1)
-        on_host = zero12_host_flattening(states, plan, hardware)
+        on_host = zero12_host_flattening(states, plan, hardware, "0.19")
         assert on_host == (model_bytes + flat_bytes if expected == "host" else 0)
         # what CUDA's fallback reports once the model is on the GPU: total less the parameters
         assert _deepspeed_branch(free, free_port()) == expected

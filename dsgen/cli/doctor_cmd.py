@@ -42,6 +42,14 @@ def doctor(
     error: Annotated[
         str | None, typer.Option("--error", help="A PyTorch CUDA out-of-memory message to explain.", metavar="MESSAGE")
     ] = None,
+    deepspeed_version: Annotated[
+        str | None,
+        typer.Option(
+            "--deepspeed-version",
+            help="The DeepSpeed release the run uses: 0.14, 0.16 or 0.19 (default: the spec's training.deepspeed_version).",
+            metavar="VERSION",
+        ),
+    ] = None,
 ) -> None:
     """Diagnose an existing DeepSpeed config: verdict, memory per phase, findings, ranked fixes."""
     from dsgen.api import doctor as run_doctor
@@ -56,7 +64,9 @@ def doctor(
         raise DsgenError(f"--world-size must be a positive integer, got {world_size}")
     if output is not None and output.exists() and not force:
         raise DsgenError(f"{output} already exists", hint="pass --force to overwrite it")
-    diagnosis = run_doctor(config, spec, world_size=world_size, training_args=training_args, error=error)
+    diagnosis = run_doctor(
+        config, spec, world_size=world_size, training_args=training_args, error=error, deepspeed_version=deepspeed_version
+    )
     code = diagnosis.exit_code
     written = None
     if fix:

@@ -187,12 +187,13 @@ def _dominant(evaluation: Evaluation) -> Dominant:
     return Dominant(phase, TERM_NAMES.get(name, name), terms[name], terms[name] / total if total else 0.0)
 
 
-def _run_validator(config: dict[str, Any], resolved: Resolved, parallel: Parallel) -> Report:
+def _run_validator(config: dict[str, Any], resolved: Resolved, parallel: Parallel, deepspeed_version: str) -> Report:
+    """The validator at the spec's DeepSpeed release (``training.deepspeed_version``)."""
     world = parallel.batch_world
     world_size = int(world) if float(world).is_integer() and world >= 1 else None
     if resolved.unresolved:
-        return validate_config(config, world_size=world_size, target="hf-trainer")
-    return validate_config(resolved.config, world_size=world_size)
+        return validate_config(config, world_size=world_size, target="hf-trainer", deepspeed_version=deepspeed_version)
+    return validate_config(resolved.config, world_size=world_size, deepspeed_version=deepspeed_version)
 
 
 @dataclass(frozen=True)
@@ -358,7 +359,7 @@ def _accelerate_batch_rewrite(
 
 def _validate(config: dict[str, Any], spec: Spec, r: _Resolution) -> _Validation:
     """The validator's findings, DeepSpeed's batch assertion quoted, and the batch to price."""
-    report = _run_validator(config, r.resolved, r.parallel)
+    report = _run_validator(config, r.resolved, r.parallel, spec.training.deepspeed_version)
     batch = r.batch
     findings = [
         DoctorFinding(f.severity, f.rule_id, f.message, f.hint)
@@ -630,7 +631,7 @@ def _fixes(
         derived = derive(resolved.config, parallel)
         # DeepSpeed must end up with exactly this split, so the global batch is kept
         same_split = derived.micro_batch_size == micro and derived.gradient_accumulation_steps == accum
-        ok = derived.ok and same_split and not resolved.mismatches and _run_validator(fixed, resolved, parallel).ok
+        ok = derived.ok and same_split and not resolved.mismatches and _run_validator(fixed, resolved, parallel, spec.training.deepspeed_version).ok
         return (resolved, parallel, derived) if ok else None
 
     def price_at(headroom: float, fixed: dict[str, Any], target: Plan) -> Evaluation | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from dsgen.catalog.model_shape import ModelShape
+from dsgen.deepspeed_release import release_key
 from dsgen.estimate.model_states import ModelStates, model_states
 from dsgen.estimate.optimizers import step_temporary_bytes
 from dsgen.estimate.sequence_parallel import long_context_memory
@@ -156,9 +157,10 @@ def optimizer_step_temporary(states: ModelStates, plan: Plan, optimizer: Optimiz
     return step_temporary_bytes(optimizer, states.partitioning.stepped)
 
 
-def host_bytes(states: ModelStates, plan: Plan, hardware: Hardware) -> tuple[int, int]:
+def host_bytes(states: ModelStates, plan: Plan, hardware: Hardware, deepspeed_version: str) -> tuple[int, int]:
     """(total, offloaded states) of host RAM per node: each of the node's ranks holds what the
-    record says one rank's offload holds, beside its process."""
+    record says one rank's offload holds, beside its process (``deepspeed_version``: the release
+    whose ZeRO-1/2 start-up is priced, :func:`zero12_host_flattening`)."""
     ranks = hardware.gpus_per_node
     offloaded = 0
     if plan.offload_optimizer == "cpu":
@@ -174,26 +176,34 @@ def host_bytes(states: ModelStates, plan: Plan, hardware: Hardware) -> tuple[int
     # states are allocated, so the two do not add up.
     loading = ranks * plan.dtype_bytes * states.partitioning.parameters if plan.zero_stage < 3 else 0
     process = ranks * HOST_BYTES_PER_RANK
-    return process + max(loading, zero12_host_flattening(states, plan, hardware), offloaded), offloaded
+    return process + max(loading, zero12_host_flattening(states, plan, hardware, deepspeed_version), offloaded), offloaded
 
 
-def zero12_host_flattening(states: ModelStates, plan: Plan, hardware: Hardware) -> int:
+#: The first release that builds ZeRO-1/2's flat parameter buffer on the accelerator when it
+#: fits: deepspeedai/DeepSpeed#7828 ("Z1/2 init: flatten params on device", commit 84af822),
+#: released in 0.18.7 (2026-03-05). Every earlier ``DeepSpeedZeroOptimizer.__init__`` (read at
+#: 0.14.5, 0.16.9 and 0.18.6) always copies the parameters to the host and flattens them there.
+ZERO12_DEVICE_FLATTENING_SINCE: tuple[int, ...] = (0, 18, 7)
+
+
+def zero12_host_flattening(states: ModelStates, plan: Plan, hardware: Hardware, deepspeed_version: str) -> int:
     """Host bytes per node while ZeRO-1/2 flattens its parameter group on the CPU (0 when it
     flattens on the GPU).
 
-    DeepSpeed 0.19.8's ``DeepSpeedZeroOptimizer.__init__`` (``stage_1_and_2.py``) builds each
-    group's flat buffer on the GPU when ``available_memory()`` (without pynvml: capacity less what
-    torch has allocated, here the model's own parameters) holds the buffer; otherwise it copies
+    On the CPU path of ``DeepSpeedZeroOptimizer.__init__`` (``stage_1_and_2.py``) each rank copies
     every parameter to the host (``param.cpu_data = param.data.cpu()``), flattens those copies
-    into a second host buffer and only then moves the flat buffer to the GPU, so each rank holds
-    the group twice on the host at once. The engine has moved the model to the GPU before (the
-    loading copies are gone), and the offloaded optimizer states are allocated after, so the
-    three host peaks do not add up."""
+    into a second host buffer and only then moves the flat buffer to the GPU, so it holds the
+    group twice on the host at once. Before :data:`ZERO12_DEVICE_FLATTENING_SINCE` that is the
+    only path. DeepSpeed 0.19.8 takes it only when ``available_memory()`` (without pynvml:
+    capacity less what torch has allocated, here the model's own parameters) cannot hold the flat
+    buffer. The engine has moved the model to the GPU before (the loading copies are gone), and
+    the offloaded optimizer states are allocated after, so the three host peaks do not add up."""
     if plan.zero_stage not in (1, 2):
         return 0
     model = plan.dtype_bytes * states.partitioning.parameters
     flat = plan.dtype_bytes * states.partitioning.zero12_slice * states.partitioning.ranks
-    if hardware.gpu.memory_bytes - model >= flat:
+    on_device = release_key(deepspeed_version) >= ZERO12_DEVICE_FLATTENING_SINCE
+    if on_device and hardware.gpu.memory_bytes - model >= flat:
         return 0
     return hardware.gpus_per_node * (model + flat)
 
@@ -271,7 +281,7 @@ def estimate_memory(
     process = hardware.gpus_per_node * HOST_BYTES_PER_RANK
     states = model_states(shape, plan, training.optimizer.type)
     if accounting == "dsgen":
-        host_total, offloaded = host_bytes(states, plan, hardware)
+        host_total, offloaded = host_bytes(states, plan, hardware, training.deepspeed_version)
     elif accounting == "deepspeed-estimator":
         states, offloaded = estimator_model_states(shape, plan, hardware, states)
         host_total = process + offloaded

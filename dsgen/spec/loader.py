@@ -8,6 +8,7 @@ the key path and the line it came from.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import warnings
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 from dsgen.catalog.gpu import GpuSpec
 from dsgen.catalog.model_shape import ModelShape
+from dsgen.deepspeed_release import normalize_version, release_key
 from dsgen.errors import DsgenError
 from dsgen.estimate.optimizers import TORCH_OPTIMIZERS, client_optimizer_class, is_client_optimizer
 from dsgen.resources import schema_path
@@ -332,6 +334,7 @@ class _SpecBuilder:
         attention = self.attention(block, gpu)
         return Training(
             attention=attention,
+            deepspeed_version=self.deepspeed_version(block),
             optimizer=Optimizer(**optimizer),
             scheduler=Scheduler(**_given(block.get("scheduler", {}), "type", "warmup_steps", "total_steps")),
             **_given(
@@ -347,6 +350,14 @@ class _SpecBuilder:
                 floats=("gradient_clipping",),
             ),
         )
+
+    def deepspeed_version(self, block: dict[str, Any]) -> str:
+        """The release name (``0.14``, ``0.16``, ``0.19``); YAML reads an unquoted 0.19 as a number."""
+        given = block.get("deepspeed_version", spec_default("training.deepspeed_version"))
+        try:
+            return normalize_version(str(given))
+        except ValueError as exc:
+            raise self.fail(("training", "deepspeed_version"), str(exc)) from None
 
     def attention(self, block: dict[str, Any], gpu: GpuSpec) -> str:
         """The attention kernel: FlashAttention-2 needs compute capability 8.0 (gpu.runs_flash_attention),
@@ -399,8 +410,20 @@ class _SpecBuilder:
         """A pinned Ulysses degree must satisfy DeepSpeed's rules (dsgen.estimate.sequence_parallel.sp_violation
         names where DeepSpeed raises); TiledMLP patches a dense MLP's forward, not an MoE block."""
         from dsgen.estimate.sequence_parallel import sp_violation
+        from dsgen.long_context import ALST_SINCE, TRICKS
 
         sp = constraints.sequence_parallel_size
+        if release_key(training.deepspeed_version) < ALST_SINCE:
+            pinned = [("sequence_parallel_size", sp)] if sp is not None and sp > 1 else []
+            pinned += [(name, True) for name in TRICKS if getattr(constraints, name) is True]
+            if pinned:
+                name, value = pinned[0]
+                raise self.fail(
+                    ("constraints", name),
+                    f"{name}: {json.dumps(value)} needs DeepSpeed {'.'.join(map(str, ALST_SINCE))} or newer (ALST); "
+                    f"training.deepspeed_version is {training.deepspeed_version}",
+                    hint="use training.deepspeed_version: 0.19, or leave the long-context constraints to auto",
+                )
         if sp is not None:
             why = sp_violation(model, sp, hardware.world_size, training.sequence_length, training.attention)
             if why:

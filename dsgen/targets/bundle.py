@@ -101,7 +101,7 @@ def render_bundle(
     files: dict[str, str] = {}
     raw = render_template(f"{target}/ds_config.json.j2", context, template_dir)
     config = _parse_json(raw, f"{target}/ds_config.json.j2")
-    check_rendered(config, plan, target)
+    check_rendered(config, plan, target, spec.training.deepspeed_version)
     files[CONFIG_FILE] = json.dumps(config, indent=2) + "\n"
     framework = FRAMEWORK_FILE.get(target)
     if framework is not None:

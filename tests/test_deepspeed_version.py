@@ -1,0 +1,116 @@
+"""``training.deepspeed_version``: the DeepSpeed release a run uses decides what ZeRO-1/2 holds in
+host RAM at start-up, whether ALST exists, and which parser the config is checked against.
+
+The host case is a published outcome (LLaMA-Factory #103, bench/data/fit_outcomes.yaml): a 13B
+model, ZeRO-2, 8 x A800 80 GB, 256 GB of host RAM, killed at "Creating torch.float16 ZeRO stage 2
+optimizer" in mid-2023. Releases before 0.18.7 flatten ZeRO-1/2's parameters on the host
+unconditionally (two 16-bit copies of the model per rank); 0.19.8 flattens on the GPU when the
+flat buffer fits there, so only the older release explains the kill.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dsgen.api import doctor
+from dsgen.errors import DsgenError
+from dsgen.solver import solve
+from dsgen.spec.loader import load_spec_text
+from tests.cli_helpers import run_cli
+from tests.conftest import EXAMPLES_DIR
+
+LLAMA_2_13B_PARAMETERS = 13_015_864_320  # the Hugging Face checkpoint's count (meta-llama/Llama-2-13b-hf)
+
+LF103 = """
+model: {{preset: llama-2-13b}}
+hardware: {{gpu: a100-80gb, gpus_per_node: 8, cpu_memory_gib: 256}}
+training: {{sequence_length: 1024, global_batch_size: 8, precision: fp16, deepspeed_version: {version}}}
+constraints: {{activation_checkpointing: true}}
+"""
+LF103_CONFIG = {
+    "train_micro_batch_size_per_gpu": 1,
+    "gradient_accumulation_steps": 1,
+    "fp16": {"enabled": True},
+    "zero_optimization": {"stage": 2},
+}
+
+LONG = """
+model: {{preset: llama-3.1-8b}}
+hardware: {{gpu: h100-80gb, gpus_per_node: 8}}
+training: {{sequence_length: 131072, global_batch_size: 8, deepspeed_version: {version}}}
+"""
+
+
+def _spec(text: str):
+    return load_spec_text(text, file="spec.yaml", base_dir=EXAMPLES_DIR)
+
+
+@pytest.mark.parametrize("version", ["0.14", "0.16"])
+def test_before_0_18_7_zero2_flattens_on_the_host_and_the_published_run_is_host_oom(version: str) -> None:
+    d = doctor(LF103_CONFIG, _spec(LF103.format(version=version)))
+    assert d.verdict == "host-oom"
+    host = d.evaluation.memory.cpu.total
+    # every rank holds the fp16 model twice (its parameters and the flat copy) beside its process
+    assert host >= 8 * 2 * 2 * LLAMA_2_13B_PARAMETERS
+    assert host > d.evaluation.usable_cpu_bytes
+
+
+def test_from_0_18_7_zero2_flattens_on_the_gpu_where_it_fits() -> None:
+    d = doctor(LF103_CONFIG, _spec(LF103.format(version="0.19")))
+    assert d.verdict == "fits"
+    # what is left is loading the fp16 model in every process (and the processes themselves)
+    assert d.evaluation.memory.cpu.total < 8 * 2 * 2 * LLAMA_2_13B_PARAMETERS * 0.6
+
+
+def test_doctor_flag_replaces_the_spec_release_and_json_names_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(LF103.format(version="0.19"))
+    config = tmp_path / "ds_config.json"
+    config.write_text(json.dumps(LF103_CONFIG))
+    command = ["doctor", str(config), "--spec", str(spec)]
+    old = run_cli([*command, "--json", "--deepspeed-version", "0.16.9"], capsys)
+    body = json.loads(old.stdout)
+    assert (old.exit_code, body["verdict"], body["deepspeed_version"]) == (3, "host-oom", "0.16.9")
+    new = run_cli([*command, "--json"], capsys)
+    assert (new.exit_code, json.loads(new.stdout)["deepspeed_version"]) == (0, "0.19.8")
+    bad = run_cli([*command, "--deepspeed-version", "0.18"], capsys)
+    assert bad.exit_code == 2 and "--deepspeed-version" in bad.stderr and "0.14, 0.16, 0.19" in bad.stderr
+
+
+def test_the_key_reads_yaml_numbers_and_full_releases_and_refuses_others() -> None:
+    assert _spec(LF103.format(version="0.16")).training.deepspeed_version == "0.16"  # YAML: a float
+    assert _spec(LF103.format(version='"v0.14.5"')).training.deepspeed_version == "0.14"
+    assert _spec(LF103.format(version="0.19.8")).training.deepspeed_version == "0.19"
+    with pytest.raises(DsgenError) as caught:
+        _spec(LF103.format(version="0.18"))
+    assert caught.value.path == "training.deepspeed_version" and caught.value.location.line == 4
+
+
+def test_no_alst_before_0_17_4() -> None:
+    old = solve(_spec(LONG.format(version="0.16")))
+    new = solve(_spec(LONG.format(version="0.19")))
+    assert new.best is not None and new.best.plan.long_context.sequence_parallel_size > 1
+    assert old.ranked or old.closest is not None
+    for evaluation in (*old.ranked, *([old.closest] if old.closest else [])):
+        lc = evaluation.plan.long_context
+        assert lc.sequence_parallel_size == 1 and not (lc.tiled_mlp or lc.tiled_loss or lc.checkpoint_offload)
+    for pin in ("sequence_parallel_size: 4", "tiled_mlp: true", "checkpoint_offload: true"):
+        with pytest.raises(DsgenError) as caught:
+            _spec(LONG.format(version="0.16") + f"constraints: {{{pin}}}\n")
+        assert caught.value.path == f"constraints.{pin.split(':')[0]}" and "0.17.4" in caught.value.message
+
+
+def test_doctor_checks_the_config_with_the_release_parser() -> None:
+    """0.19.8 rejects the legacy ``amp`` block that 0.14 and 0.16 read (dsgen.validate.versions)."""
+    config = {**LF103_CONFIG, "fp16": {"enabled": False}, "amp": {"enabled": False}}
+    spec = "model: {preset: gpt2}\nhardware: {gpu: a100-80gb}\ntraining: {sequence_length: 512, global_batch_size: 1, deepspeed_version: %s}\n"
+    errors = {
+        version: [f.code for f in doctor(config, _spec(spec % version)).findings if f.severity == "error"]
+        for version in ("0.16", "0.19")
+    }
+    assert errors["0.16"] == [] and errors["0.19"] != [], errors
