@@ -173,12 +173,10 @@ def miss_reason(case: dict[str, Any], e: Evaluation, params: int) -> str:
             f"the inputs are the suspect (see `assumed`) [{terms(e)}]"
         )
     if outcome == "host_oom":
-        ranks = case["gpus_per_node"]
-        loading = ranks * 2 * params
         return (
-            f"host under-predicted: dsgen {e.memory.cpu.total / GIB:.0f} GiB of {e.memory.cpu.capacity / GIB:.0f}; "
-            f"unmodelled: init-time peaks (loading without zero.Init: {ranks} ranks x 2P = {loading / GIB:.0f} GiB; "
-            "DeepSpeed <= 0.10 flattened ZeRO-1/2 groups on the host), pinned-allocation rounding"
+            f"host under-predicted: dsgen {e.memory.cpu.total / GIB:.0f} GiB of {e.memory.cpu.capacity / GIB:.0f} "
+            "(the largest of model loading, ZeRO-1/2's host flattening and the offloaded states, beside the "
+            "processes); unmodelled: the framework's own host copies, pinned-allocation rounding"
         )
     if not e.fits_gpu:
         return f"over-predicted GPU at {mem.total / usable:.0%} [{terms(e)}]"
