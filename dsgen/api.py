@@ -150,13 +150,13 @@ def doctor(
 
 
 def _release_name(version: str) -> str:
-    from dsgen.deepspeed_release import normalize_version
+    from dsgen.deepspeed_release import normalize_release
     from dsgen.errors import DsgenError
 
     try:
-        return normalize_version(version)
+        return normalize_release(version)
     except ValueError as exc:
-        raise DsgenError(f"--deepspeed-version: {exc}", path="training.deepspeed_version") from None
+        raise DsgenError(f"--deepspeed-version: {exc}") from None
 
 
 def run_sweep_to(

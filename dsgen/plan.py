@@ -25,6 +25,10 @@ class ZeroKnobs:
     hpz_partition_size: int = 1  # ZeRO++ hpZ: secondary parameter partition within a node
     quantized_weights: bool = False  # ZeRO++ qwZ: int8 parameter all-gather
     quantized_gradients: bool = False  # ZeRO++ qgZ: int4 gradient reduce-scatter
+    # offload_optimizer / offload_param ``pin_memory``: what dsgen renders; a config's own value,
+    # or its release's default, in the doctor (False before DeepSpeed 0.19, deepspeedai/DeepSpeed#8207)
+    pin_optimizer_offload: bool = True
+    pin_param_offload: bool = True
 
     @property
     def zeropp(self) -> str:

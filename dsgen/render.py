@@ -16,6 +16,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from dsgen.deepspeed_release import profile_of
 from dsgen.errors import DsgenError, ExitCode
 from dsgen.estimate.swap_buffers import nvme_buffers
 from dsgen.plan import Plan
@@ -213,7 +214,7 @@ def check_rendered(config: dict[str, Any], plan: Plan, target: str, deepspeed_ve
     from dsgen.validate import validate_config
 
     report = validate_config(  # W = world / SP
-        config, world_size=plan.batch_parallel_size, target=target, deepspeed_version=deepspeed_version
+        config, world_size=plan.batch_parallel_size, target=target, deepspeed_version=profile_of(deepspeed_version)
     )
     if not report.ok:
         details = "; ".join(f"{f.rule_id} at {f.pointer or '/'}: {f.message}" for f in report.errors)

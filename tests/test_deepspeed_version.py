@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 
 from dsgen.api import doctor
+from dsgen.doctor.config_to_plan import PINNED_OFFLOAD_DEFAULT_SINCE
 from dsgen.errors import DsgenError
 from dsgen.solver import solve
 from dsgen.spec.loader import load_spec_text
 from tests.cli_helpers import run_cli
-from tests.conftest import EXAMPLES_DIR
+from tests.conftest import EXAMPLES_DIR, require_module
 
 LLAMA_2_13B_PARAMETERS = 13_015_864_320  # the Hugging Face checkpoint's count (meta-llama/Llama-2-13b-hf)
 
@@ -48,7 +49,7 @@ def _spec(text: str):
     return load_spec_text(text, file="spec.yaml", base_dir=EXAMPLES_DIR)
 
 
-@pytest.mark.parametrize("version", ["0.14", "0.16"])
+@pytest.mark.parametrize("version", ["0.14", "0.16", "0.18.6"])
 def test_before_0_18_7_zero2_flattens_on_the_host_and_the_published_run_is_host_oom(version: str) -> None:
     d = doctor(LF103_CONFIG, _spec(LF103.format(version=version)))
     assert d.verdict == "host-oom"
@@ -58,8 +59,9 @@ def test_before_0_18_7_zero2_flattens_on_the_host_and_the_published_run_is_host_
     assert host > d.evaluation.usable_cpu_bytes
 
 
-def test_from_0_18_7_zero2_flattens_on_the_gpu_where_it_fits() -> None:
-    d = doctor(LF103_CONFIG, _spec(LF103.format(version="0.19")))
+@pytest.mark.parametrize("version", ["0.18.7", "0.19"])
+def test_from_0_18_7_zero2_flattens_on_the_gpu_where_it_fits(version: str) -> None:
+    d = doctor(LF103_CONFIG, _spec(LF103.format(version=version)))
     assert d.verdict == "fits"
     # what is left is loading the fp16 model in every process (and the processes themselves)
     assert d.evaluation.memory.cpu.total < 8 * 2 * 2 * LLAMA_2_13B_PARAMETERS * 0.6
@@ -79,21 +81,24 @@ def test_doctor_flag_replaces_the_spec_release_and_json_names_it(
     new = run_cli([*command, "--json"], capsys)
     assert (new.exit_code, json.loads(new.stdout)["deepspeed_version"]) == (0, "0.19.8")
     bad = run_cli([*command, "--deepspeed-version", "0.18"], capsys)
-    assert bad.exit_code == 2 and "--deepspeed-version" in bad.stderr and "0.14, 0.16, 0.19" in bad.stderr
+    assert bad.exit_code == 2 and "--deepspeed-version" in bad.stderr and "0.14, 0.16 or 0.19" in bad.stderr
 
 
 def test_the_key_reads_yaml_numbers_and_full_releases_and_refuses_others() -> None:
-    assert _spec(LF103.format(version="0.16")).training.deepspeed_version == "0.16"  # YAML: a float
-    assert _spec(LF103.format(version='"v0.14.5"')).training.deepspeed_version == "0.14"
-    assert _spec(LF103.format(version="0.19.8")).training.deepspeed_version == "0.19"
-    with pytest.raises(DsgenError) as caught:
-        _spec(LF103.format(version="0.18"))
-    assert caught.value.path == "training.deepspeed_version" and caught.value.location.line == 4
+    read = {
+        given: _spec(LF103.format(version=given)).training.deepspeed_version
+        for given in ("0.16", '"v0.14.5"', "0.19.8", "0.18.5")  # an unquoted 0.16 is a YAML float
+    }
+    assert read == {"0.16": "0.16.9", '"v0.14.5"': "0.14.5", "0.19.8": "0.19.8", "0.18.5": "0.18.5"}
+    for bad in ("0.18", "0.20.1", "1.0.0", "latest"):  # 0.18 spans 0.18.7: it needs its patch number
+        with pytest.raises(DsgenError) as caught:
+            _spec(LF103.format(version=bad))
+        assert caught.value.path == "training.deepspeed_version" and caught.value.location.line == 4
 
 
 def test_no_alst_before_0_17_4() -> None:
-    old = solve(_spec(LONG.format(version="0.16")))
-    new = solve(_spec(LONG.format(version="0.19")))
+    old = solve(_spec(LONG.format(version="0.17.3")))
+    new = solve(_spec(LONG.format(version="0.17.4")))
     assert new.best is not None and new.best.plan.long_context.sequence_parallel_size > 1
     assert old.ranked or old.closest is not None
     for evaluation in (*old.ranked, *([old.closest] if old.closest else [])):
@@ -111,6 +116,39 @@ def test_doctor_checks_the_config_with_the_release_parser() -> None:
     spec = "model: {preset: gpt2}\nhardware: {gpu: a100-80gb}\ntraining: {sequence_length: 512, global_batch_size: 1, deepspeed_version: %s}\n"
     errors = {
         version: [f.code for f in doctor(config, _spec(spec % version)).findings if f.severity == "error"]
-        for version in ("0.16", "0.19")
+        for version in ("0.16", "0.17.0", "0.19")  # 0.17.0 is checked with the nearest profile, 0.16's
     }
-    assert errors["0.16"] == [] and errors["0.19"] != [], errors
+    assert errors["0.16"] == errors["0.17.0"] == [] and errors["0.19"] != [], errors
+
+
+ZERO3_OFFLOAD = {
+    "train_micro_batch_size_per_gpu": 1,
+    "gradient_accumulation_steps": 1,
+    "bf16": {"enabled": True},
+    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}},
+}
+LLAMA_OFFLOAD = """
+model: {{preset: llama-3.1-8b}}
+hardware: {{gpu: a100-80gb, gpus_per_node: 8, cpu_memory_gib: 1024}}
+training: {{sequence_length: 2048, global_batch_size: 8, deepspeed_version: {version}}}
+"""
+
+
+def test_offload_buffers_are_pinned_by_default_from_0_19_5() -> None:
+    """Only pinned blocks take the host allocator's power-of-two rounding (model_states.pinned), so
+    the same config needs more host RAM where DeepSpeed pins by default, or where it says so."""
+
+    def host(version: str, config: dict[str, object]) -> int:
+        return doctor(config, _spec(LLAMA_OFFLOAD.format(version=version))).evaluation.memory.cpu.total
+
+    pinned = {"device": "cpu", "pin_memory": True}
+    stated = {**ZERO3_OFFLOAD, "zero_optimization": {"stage": 3, "offload_optimizer": pinned, "offload_param": pinned}}
+    assert host("0.19.4", ZERO3_OFFLOAD) < host("0.19.5", ZERO3_OFFLOAD) == host("0.19.4", stated)
+
+
+def test_the_pinned_default_is_the_installed_deepspeeds() -> None:
+    """DeepSpeed 0.19.8's own offload config classes default to pin_memory true (0.19.8 >= 0.19.5)."""
+    offload_config = require_module("deepspeed.runtime.zero.offload_config")
+    assert PINNED_OFFLOAD_DEFAULT_SINCE <= (0, 19, 8)
+    assert offload_config.DeepSpeedZeroOffloadOptimizerConfig().pin_memory is True
+    assert offload_config.DeepSpeedZeroOffloadParamConfig().pin_memory is True

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
+from dsgen.deepspeed_release import release_key
 from dsgen.doctor.batch import Batch, Parallel
 from dsgen.doctor.keys import MISSING, get
 from dsgen.long_context import TRICKS, long_context_choices
@@ -50,6 +51,10 @@ ALIASES = {
     "stage3_max_live_parameters": "max_live_parameters",
     "stage3_max_reuse_distance": "max_reuse_distance",
 }
+#: The first release whose offload blocks default to ``pin_memory: true`` (``offload_config.py``):
+#: deepspeedai/DeepSpeed#8207 ("pinned offload buffers by default", commit 7dfa67a), in 0.19.5;
+#: 0.14.5, 0.16.9 and 0.18.9 default to false.
+PINNED_OFFLOAD_DEFAULT_SINCE: tuple[int, ...] = (0, 19, 5)
 # Offload buffers the memory model sizes at these defaults (offload_config.py field defaults).
 OFFLOAD_BUFFER_DEFAULTS: tuple[tuple[str, Any, str], ...] = (
     ("offload_param.buffer_count", 5, f"{OFFLOAD_CONFIG} DeepSpeedZeroOffloadParamConfig.buffer_count"),
@@ -213,6 +218,22 @@ def config_to_plan(
         )
     if knob_values["hpz_partition_size"] < 1:
         knob_values["hpz_partition_size"] = 1
+    pins = (
+        ("offload_optimizer", "pin_optimizer_offload", offload_optimizer),
+        ("offload_param", "pin_param_offload", offload_param),
+    )
+    for block, field, device in pins:
+        knob_values[field], source = _pin_memory(zero, block, spec.training.deepspeed_version)
+        if device == "none":
+            continue
+        settings.append(
+            Setting(
+                f"zero_optimization.{block}.pin_memory",
+                knob_values[field],
+                source,
+                f"{OFFLOAD_CONFIG} pin_memory (DeepSpeed {spec.training.deepspeed_version})",
+            )
+        )
     knobs = ZeroKnobs(**knob_values)
 
     assert batch.micro_batch_size is not None and batch.gradient_accumulation_steps is not None
@@ -302,6 +323,15 @@ def _long_context(
         )
     )
     return replace(chosen, communication_dtype=cast(Precision, dtype))
+
+
+def _pin_memory(zero: Mapping[str, Any], block: str, release: str) -> tuple[bool, str]:
+    """``zero_optimization.<block>.pin_memory`` and where it came from: the config's boolean, else
+    the release's default (``training.deepspeed_version``, :data:`PINNED_OFFLOAD_DEFAULT_SINCE`)."""
+    value = get(zero, f"{block}.pin_memory")
+    if isinstance(value, bool):
+        return value, "config"
+    return release_key(release) >= PINNED_OFFLOAD_DEFAULT_SINCE, "default"
 
 
 def _src(zero: Mapping[str, Any], key: str) -> str:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
+from dsgen.deepspeed_release import profile_of
 from dsgen.doctor.auto_values import Resolved, auto_keys, resolve
 from dsgen.doctor.batch import Batch, Parallel, derive, parallel_of
 from dsgen.doctor.config_to_plan import ConfigPlan, config_to_plan
@@ -188,12 +189,13 @@ def _dominant(evaluation: Evaluation) -> Dominant:
 
 
 def _run_validator(config: dict[str, Any], resolved: Resolved, parallel: Parallel, deepspeed_version: str) -> Report:
-    """The validator at the spec's DeepSpeed release (``training.deepspeed_version``)."""
+    """The validator with the parser profile of the spec's release (``training.deepspeed_version``)."""
+    profile = profile_of(deepspeed_version)
     world = parallel.batch_world
     world_size = int(world) if float(world).is_integer() and world >= 1 else None
     if resolved.unresolved:
-        return validate_config(config, world_size=world_size, target="hf-trainer", deepspeed_version=deepspeed_version)
-    return validate_config(resolved.config, world_size=world_size, deepspeed_version=deepspeed_version)
+        return validate_config(config, world_size=world_size, target="hf-trainer", deepspeed_version=profile)
+    return validate_config(resolved.config, world_size=world_size, deepspeed_version=profile)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from dsgen.deepspeed_release import RELEASES
 from dsgen.doctor.diagnose import Diagnosis
 from dsgen.doctor.fixes import current_value
 from dsgen.plan import plan_dict
@@ -32,7 +31,7 @@ def diagnosis_dict(d: Diagnosis) -> dict[str, Any]:
         ),
         "plan": plan_dict(e.plan) if e is not None else None,
         "world_size": d.world_size,
-        "deepspeed_version": RELEASES[d.spec.training.deepspeed_version],  # validated and priced as
+        "deepspeed_version": d.spec.training.deepspeed_version,  # the release priced, checked with its profile
         "parallel": {
             "data_parallel": d.parallel.data_parallel,
             "sequence_parallel": d.parallel.sequence_parallel,
@@ -116,7 +115,7 @@ def human(d: Diagnosis) -> str:
         lines.append(f"          {d.fit.evidence}")
     lines.append(
         f"model     {spec.model.name} on {spec.hardware.nodes} x {spec.hardware.gpus_per_node} x {spec.hardware.gpu.name}, sequence {spec.training.sequence_length}, {spec.training.attention} attention"
-        f", DeepSpeed {RELEASES[spec.training.deepspeed_version]}"
+        f", DeepSpeed {spec.training.deepspeed_version}"
     )
     e = d.evaluation
     if e is not None:

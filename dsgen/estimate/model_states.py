@@ -512,20 +512,26 @@ def _pinned_rounding(shape: ModelShape, plan: Plan, parts: Partitioning) -> int:
     allocator's cache, still pinned, and no later allocation of another size reuses them, so they
     count whole. ZeRO-1/2 offload and the fp32 master weights and optimizer states (not pinned:
     ``clone()`` and ``zeros_like``) are not rounded here.
+
+    Only the flat parameter buffer is pinned unconditionally; the gradient buffers follow
+    ``offload_optimizer.pin_memory`` (``offload_optimizer_pin_memory``) and the per-parameter
+    partitions ``offload_param.pin_memory`` (``Init.pin_memory``), in 0.16.9 as in 0.19.8
+    (:attr:`dsgen.plan.ZeroKnobs.pin_optimizer_offload`, ``pin_param_offload``).
     """
     if plan.zero_stage != 3:
         return 0
     w = plan.dtype_bytes
     layout = _zero3(parts)
     extra = 0
-    if plan.offload_optimizer == "cpu":
+    if plan.offload_optimizer == "cpu" and plan.knobs.pin_optimizer_offload:
         flat = w * layout.partition
         extra += pinned(flat) - flat
         extra += _pinned_sub_group_gradients(layout)
     if plan.offload_param == "cpu":
         flat = w * layout.partition
         extra += pinned(flat) - flat
-        extra += _pinned_parameter_partitions(shape, w, parts.ranks)
+        if plan.knobs.pin_param_offload:
+            extra += _pinned_parameter_partitions(shape, w, parts.ranks)
     return extra
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from dsgen.catalog.gpu import GpuSpec
 from dsgen.catalog.model_shape import ModelShape
-from dsgen.deepspeed_release import normalize_version, release_key
+from dsgen.deepspeed_release import normalize_release, release_key
 from dsgen.errors import DsgenError
 from dsgen.estimate.optimizers import TORCH_OPTIMIZERS, client_optimizer_class, is_client_optimizer
 from dsgen.resources import schema_path
@@ -352,10 +352,11 @@ class _SpecBuilder:
         )
 
     def deepspeed_version(self, block: dict[str, Any]) -> str:
-        """The release name (``0.14``, ``0.16``, ``0.19``); YAML reads an unquoted 0.19 as a number."""
+        """The release, ``0.X.Y`` (:func:`dsgen.deepspeed_release.normalize_release`); YAML reads an
+        unquoted 0.16 as a number, which stands for the profile's release."""
         given = block.get("deepspeed_version", spec_default("training.deepspeed_version"))
         try:
-            return normalize_version(str(given))
+            return normalize_release(str(given))
         except ValueError as exc:
             raise self.fail(("training", "deepspeed_version"), str(exc)) from None
 
