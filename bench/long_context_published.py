@@ -50,7 +50,9 @@ def arctic_recipe(run: dict[str, Any]) -> bool:
     return str(run["source"]).startswith("ArcticTraining")
 
 
-def spec_data(run: dict[str, Any], host_gib: float) -> dict[str, Any]:
+def spec_data(run: dict[str, Any], corpus: dict[str, Any]) -> dict[str, Any]:
+    """``run`` as a spec mapping; ``corpus`` (the file's header) gives the host RAM and the DeepSpeed
+    release where the run does not state its own."""
     gpus = run["gpus"]
     per_node = min(gpus, 8)
     sp = run["constraints"].get("sequence_parallel_size", 1)
@@ -60,7 +62,7 @@ def spec_data(run: dict[str, Any], host_gib: float) -> dict[str, Any]:
             "gpu": run.get("gpu", "h100-80gb"),
             "gpus_per_node": per_node,
             "nodes": gpus // per_node,
-            "cpu_memory_gib": run.get("host_gib", host_gib),
+            "cpu_memory_gib": run.get("host_gib", corpus["host_gib"]),
         },
         "training": {
             "sequence_length": run["sequence_length"],
@@ -69,6 +71,7 @@ def spec_data(run: dict[str, Any], host_gib: float) -> dict[str, Any]:
             "attention": run.get("attention", "flash"),
             "liger_kernel": run.get("liger_kernel", False),
             "packed_samples": run.get("packed_samples", False),
+            "deepspeed_version": str(run.get("deepspeed_version", corpus["deepspeed_version"])),
         },
         # headroom 0, as bench/fit_accuracy.py: a run at its published limit used all of the GPU;
         # every ArcticTraining recipe reduces SP gradients in bf16 ("seq_parallel_communication_data_type: bf16")
@@ -144,13 +147,13 @@ def _loaded(data: dict[str, Any], run: dict[str, Any]) -> tuple[Spec, str]:
         return load_spec(data), f"priced without Liger ({exc.message}); "
 
 
-def pinned_spec(run: dict[str, Any], host_gib: float) -> tuple[Spec, str]:
+def pinned_spec(run: dict[str, Any], corpus: dict[str, Any]) -> tuple[Spec, str]:
     """``run``'s settings loaded as a dsgen spec, every search dimension pinned, with
     :func:`_loaded`'s caveat."""
-    return _loaded(spec_data(run, host_gib), run)
+    return _loaded(spec_data(run, corpus), run)
 
 
-def priced(run: dict[str, Any], host_gib: float) -> tuple[Evaluation, str]:
+def priced(run: dict[str, Any], corpus: dict[str, Any]) -> tuple[Evaluation, str]:
     """What dsgen itself says of ``run``, and :func:`_loaded`'s caveat.
 
     An ArcticTraining recipe: ``dsgen doctor`` on the DeepSpeed config the recipe ran
@@ -162,12 +165,12 @@ def priced(run: dict[str, Any], host_gib: float) -> tuple[Evaluation, str]:
     """
     c = run["constraints"]
     if not arctic_recipe(run) and c.get("offload_optimizer", "none") == "none":
-        spec, caveat = pinned_spec(run, host_gib)
+        spec, caveat = pinned_spec(run, corpus)
         result = solve_spec(spec)
         shown = result.best if result.best is not None else result.closest
         assert shown is not None
         return shown, caveat
-    data = spec_data(run, host_gib)
+    data = spec_data(run, corpus)
     code = {key: value for key, value in c.items() if key in CODE_CONSTRAINTS}
     # ArcticTraining checkpoints unless told not to
     data["constraints"] = {"activation_checkpointing": True, **code} if arctic_recipe(run) else code
@@ -232,7 +235,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DATA, help="a YAML file of runs (default: %(default)s)")
     corpus = yaml.safe_load(parser.parse_args().data.read_text())
-    host = corpus["host_gib"]
     agree = {False: 0, True: 0}  # by heldout
     counted = {False: 0, True: 0}
     tries = [0, 0]  # agreeing, counted: the recipes' commented-out lengths (held out)
@@ -243,7 +245,7 @@ def main() -> int:
     print(f"  {'run':<46} {'published':>9} {'dsgen':>6}  peak GPU   note")
     for run in corpus["runs"]:
         heldout = bool(run.get("heldout"))
-        e, caveat = priced(run, host)
+        e, caveat = priced(run, corpus)
         # dsgen's own verdict of that run (what doctor or solve prints for it), read as what it says will
         # happen (FitVerdict.likely: tight leans to its governing band's majority), as
         # bench/fit_accuracy.py reads it; host-oom is right only for a run that ran out of host
@@ -311,12 +313,12 @@ def main() -> int:
     if "frontier" not in corpus:
         print("\n2. frontier: not in this file")
     else:
-        frontier_figures(corpus, host)
+        frontier_figures(corpus)
     throughput_figures(ratios)
     return 0
 
 
-def frontier_figures(corpus: dict[str, Any], host: float) -> None:
+def frontier_figures(corpus: dict[str, Any]) -> None:
     """``dsgen frontier`` against the published longest sequences (section 2)."""
     print(
         "\n2. frontier: Llama-3.1-8B on H100 80GB, 1.9 TB host RAM per node"
@@ -333,7 +335,7 @@ def frontier_figures(corpus: dict[str, Any], host: float) -> None:
             "constraints": {},
             "liger_kernel": frontier.get("liger_kernel", False),
         },
-        host,
+        corpus,
     )
     data["constraints"] = {}  # the frontier searches everything, with dsgen's default headroom
     spec = load_spec(data)

@@ -143,11 +143,14 @@ def _knob_value(value: Any, key: str, shape: ModelShape) -> float:
     return float(value)
 
 
+def _given_knobs(case: dict[str, Any], corpus: dict[str, Any]) -> dict[str, Any]:
+    """The zero_optimization values the run's config states (its own, or a named block)."""
+    return dict(corpus["knobs"][case["knobs_ref"]]) if "knobs_ref" in case else dict(case.get("knobs", {}))
+
+
 def run_knobs(case: dict[str, Any], corpus: dict[str, Any], shape: ModelShape) -> ZeroKnobs:
     """The ZeroKnobs of the run's own config, DeepSpeed's defaults where it says nothing."""
-    given: dict[str, Any] = (
-        dict(corpus["knobs"][case["knobs_ref"]]) if "knobs_ref" in case else dict(case.get("knobs", {}))
-    )
+    given = _given_knobs(case, corpus)
     stage = case["zero_stage"]
     overlap = given.get("overlap_comm", "default")
     # DeepSpeed 0.19.8: overlap_comm defaults to True for stage 3 and False otherwise (zero/config.py)
@@ -192,6 +195,9 @@ def doctor_config(case: dict[str, Any], corpus: dict[str, Any], shape: ModelShap
     knobs = run_knobs(case, corpus, shape)
     stage = case["zero_stage"]
     world = case["gpus_per_node"] * case["nodes"]
+    # pin_memory where the run's config states it; else its release's default applies (False before 0.19)
+    pin = _given_knobs(case, corpus).get("offload_pin_memory")
+    pinning = {"pin_memory": pin} if isinstance(pin, bool) else {}
     zero: dict[str, Any] = {"stage": stage}
     if stage > 0:
         zero.update(
@@ -200,10 +206,7 @@ def doctor_config(case: dict[str, Any], corpus: dict[str, Any], shape: ModelShap
             contiguous_gradients=knobs.contiguous_gradients,
         )
         if case["offload_optimizer"] != "none":
-            zero["offload_optimizer"] = {
-                "device": "cpu" if stage < 3 else case["offload_optimizer"],
-                "pin_memory": True,
-            }
+            zero["offload_optimizer"] = {"device": "cpu" if stage < 3 else case["offload_optimizer"], **pinning}
     if stage in (1, 2):
         zero["allgather_bucket_size"] = knobs.allgather_bucket_size
     if stage == 3:
@@ -215,7 +218,7 @@ def doctor_config(case: dict[str, Any], corpus: dict[str, Any], shape: ModelShap
             sub_group_size=knobs.sub_group_size,
         )
         if case["offload_param"] != "none":
-            zero["offload_param"] = {"device": case["offload_param"], "pin_memory": True}
+            zero["offload_param"] = {"device": case["offload_param"], **pinning}
     config: dict[str, Any] = {
         "train_batch_size": case["micro_batch"] * case["grad_accum"] * world,
         "train_micro_batch_size_per_gpu": case["micro_batch"],

@@ -176,7 +176,7 @@ def test_long_context_runs_are_sourced_and_load_as_pinned_specs(name: str) -> No
         assert run["gpus"] % sp == 0 and run["sequence_length"] % sp == 0, where
         if run.get("recipe_try") or name.endswith("heldout"):
             assert run.get("heldout") is True, where
-        spec, caveat = bench.pinned_spec(run, data["host_gib"])
+        spec, caveat = bench.pinned_spec(run, data)
         assert not caveat or run.get("liger_kernel"), where
         assert spec.constraints.memory_headroom == 0, where
         assert spec.training.sequence_length == run["sequence_length"], where

@@ -82,7 +82,7 @@ def test_long_context_bands_are_that_corpus_outcomes_of_dsgens_own_predictions()
 
     bench = _bench("long_context_published")
     corpus = yaml.safe_load(bench.DATA.read_text())
-    evaluated = [(run, bench.priced(run, corpus["host_gib"])[0]) for run in corpus["runs"]]
+    evaluated = [(run, bench.priced(run, corpus)[0]) for run in corpus["runs"]]
     counts = {band.verdict: [len(out), out.count("oom")] for band, out in bench.outcomes_by_band(evaluated).items()}
     assert counts == {band.verdict: [band.runs, band.gpu_oom] for band in LONG_CONTEXT_BANDS}
 
