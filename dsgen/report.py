@@ -115,6 +115,7 @@ def result_dict(result: SolveResult) -> dict[str, Any]:
     }
     body["candidates_evaluated"] = result.candidates_evaluated
     body["accounting"] = result.accounting
+    body["deepspeed_version"] = spec.training.deepspeed_version  # the release priced (training.deepspeed_version)
     body["notes"] = [*spec.notes, *([result.batch_note] if result.batch_note else [])]
     return body
 

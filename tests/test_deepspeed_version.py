@@ -152,3 +152,12 @@ def test_the_pinned_default_is_the_installed_deepspeeds() -> None:
     assert PINNED_OFFLOAD_DEFAULT_SINCE <= (0, 19, 8)
     assert offload_config.DeepSpeedZeroOffloadOptimizerConfig().pin_memory is True
     assert offload_config.DeepSpeedZeroOffloadParamConfig().pin_memory is True
+
+
+def test_solve_json_names_the_release_it_priced(capsys: pytest.CaptureFixture[str]) -> None:
+    spec = str(EXAMPLES_DIR / "llama-3.1-8b-8xh100.yaml")
+    default = run_cli(["solve", spec, "--json"], capsys)
+    pinned = run_cli(["solve", spec, "--json", "--set", "training.deepspeed_version=0.18.5"], capsys)
+    assert (default.exit_code, pinned.exit_code) == (0, 0)
+    assert json.loads(default.stdout)["deepspeed_version"] == "0.19.8"
+    assert json.loads(pinned.stdout)["deepspeed_version"] == "0.18.5"
