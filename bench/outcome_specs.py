@@ -105,7 +105,11 @@ def spec_mapping(case: dict[str, Any], corpus: dict[str, Any]) -> dict[str, Any]
             # samples packed to the full length where the source says so (the verdict's lean, dsgen.verdict)
             **({"packed_samples": True} if case.get("packed_samples") else {}),
             # the DeepSpeed release of the run (the corpus's, unless the case names its own)
-            **({"deepspeed_version": str(v)} if (v := case.get("deepspeed_version", corpus.get("deepspeed_version"))) else {}),
+            **(
+                {"deepspeed_version": str(v)}
+                if (v := case.get("deepspeed_version", corpus.get("deepspeed_version")))
+                else {}
+            ),
         },
         "constraints": {
             "zero_stage": stage,

@@ -140,7 +140,9 @@ def doctor(
     data = config if isinstance(config, dict) else loader.load(config).data
     release = None if deepspeed_version is None else _release_name(deepspeed_version)
     if isinstance(spec, Spec):
-        loaded_spec = spec if release is None else replace(spec, training=replace(spec.training, deepspeed_version=release))
+        loaded_spec = (
+            spec if release is None else replace(spec, training=replace(spec.training, deepspeed_version=release))
+        )
     else:  # through the loader, so its rules for the release hold (no ALST before 0.17.4)
         loaded_spec = load_spec(spec, [] if release is None else [f'training.deepspeed_version="{release}"'])
     args = (

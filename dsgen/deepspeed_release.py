@@ -15,7 +15,6 @@ import re
 
 #: The parser profiles, each read from one release's wheel (``dsgen.validate.versions``).
 SUPPORTED: tuple[str, ...] = ("0.14", "0.16", "0.19")
-DEFAULT_VERSION = "0.19"
 RELEASES = {"0.14": "0.14.5", "0.16": "0.16.9", "0.19": "0.19.8"}
 #: The releases a spec may name: any 0.14.0 .. 0.19.x (memory follows the exact release).
 OLDEST_MINOR, NEWEST_MINOR = 14, 19

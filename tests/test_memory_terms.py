@@ -243,11 +243,15 @@ def test_llama_8b_host_without_offload() -> None:
     process = G * 3 * GIB
     loading = G * W * P
     assert (process, loading) == (25_769_803_776, 128_484_179_968)
-    assert host_bytes(model_states(spec.model, _plan(2), "adamw"), _plan(2), spec.hardware, spec.training.deepspeed_version) == (process + loading, 0)
+    assert host_bytes(
+        model_states(spec.model, _plan(2), "adamw"), _plan(2), spec.hardware, spec.training.deepspeed_version
+    ) == (process + loading, 0)
     cpu = estimate_memory(spec.model, _plan(2), spec.hardware, spec.training).cpu
     assert (cpu.total, cpu.process, cpu.offloaded_states) == (154_253_983_744, process, 0)
     # ZeRO-3 (zero.Init): no loading copy, only the processes
-    assert host_bytes(model_states(spec.model, _plan(3), "adamw"), _plan(3), spec.hardware, spec.training.deepspeed_version) == (process, 0)
+    assert host_bytes(
+        model_states(spec.model, _plan(3), "adamw"), _plan(3), spec.hardware, spec.training.deepspeed_version
+    ) == (process, 0)
 
 
 # Pinned host blocks are rounded up to powers of two (CachingHostAllocator), per rank:
@@ -278,7 +282,9 @@ def test_llama_8b_host_with_cpu_parameter_offload_at_zero3(opt: str, offloaded: 
     plan = _plan(3, opt=opt, param="cpu")
     process = G * 3 * GIB  # 25_769_803_776
     # ZeRO-3 loads with zero.Init (no full copy), so the total is process + offloaded
-    assert host_bytes(model_states(spec.model, plan, "adamw"), plan, spec.hardware, spec.training.deepspeed_version) == (process + offloaded, offloaded)
+    assert host_bytes(
+        model_states(spec.model, plan, "adamw"), plan, spec.hardware, spec.training.deepspeed_version
+    ) == (process + offloaded, offloaded)
     cpu = estimate_memory(spec.model, plan, spec.hardware, spec.training).cpu
     assert cpu.offloaded_states == offloaded
     assert cpu.total == process + offloaded
@@ -315,7 +321,9 @@ def test_llama_8b_nvme_optimizer_offload_host_swap_buffers() -> None:
     largest = PART
     offloaded = G * (2 * PART + 4 * largest + 4 * 4 * largest)
     assert offloaded == 176_665_747_456
-    assert host_bytes(model_states(spec.model, plan, "adamw"), plan, spec.hardware, spec.training.deepspeed_version) == (G * 3 * GIB + offloaded, offloaded)
+    assert host_bytes(
+        model_states(spec.model, plan, "adamw"), plan, spec.hardware, spec.training.deepspeed_version
+    ) == (G * 3 * GIB + offloaded, offloaded)
     memory = estimate_memory(spec.model, plan, spec.hardware, spec.training)
     assert memory.nvme.total == G * (4 + 8) * PART == 96_363_134_976
     assert memory.cpu.offloaded_states == offloaded
@@ -330,12 +338,13 @@ def test_llama_8b_host_loading_copy_and_offload_do_not_add_up() -> None:
     offloaded = G * (18 * PART + 2 * EMBED)
     assert offloaded == 152_950_087_680
     # host = process + max(loading, offloaded) = 25_769_803_776 + 152_950_087_680 = 178_719_891_456
-    assert host_bytes(model_states(spec.model, plan, "adamw"), plan, spec.hardware, spec.training.deepspeed_version) == (178_719_891_456, offloaded)
+    assert host_bytes(
+        model_states(spec.model, plan, "adamw"), plan, spec.hardware, spec.training.deepspeed_version
+    ) == (178_719_891_456, offloaded)
     assert G * 3 * GIB + max(G * W * P, offloaded) == 178_719_891_456
 
 
 def test_pinned_blocks_round_up_to_powers_of_two() -> None:
     # CachingHostAllocator: c10::llvm::PowerOf2Ceil(size) below pinned_max_round_threshold (SIZE_MAX)
-
 
     assert [pinned(n) for n in (0, 1, 3, 4, 1_000, 2**31, 2**31 + 1)] == [0, 1, 4, 4, 1_024, 2**31, 2**32]

@@ -46,7 +46,7 @@ def doctor(
         str | None,
         typer.Option(
             "--deepspeed-version",
-            help="The DeepSpeed release the run uses: 0.14, 0.16 or 0.19 (default: the spec's training.deepspeed_version).",
+            help="The DeepSpeed release the run uses, e.g. 0.18.5 (default: the spec's training.deepspeed_version).",
             metavar="VERSION",
         ),
     ] = None,
@@ -65,7 +65,12 @@ def doctor(
     if output is not None and output.exists() and not force:
         raise DsgenError(f"{output} already exists", hint="pass --force to overwrite it")
     diagnosis = run_doctor(
-        config, spec, world_size=world_size, training_args=training_args, error=error, deepspeed_version=deepspeed_version
+        config,
+        spec,
+        world_size=world_size,
+        training_args=training_args,
+        error=error,
+        deepspeed_version=deepspeed_version,
     )
     code = diagnosis.exit_code
     written = None

@@ -633,7 +633,12 @@ def _fixes(
         derived = derive(resolved.config, parallel)
         # DeepSpeed must end up with exactly this split, so the global batch is kept
         same_split = derived.micro_batch_size == micro and derived.gradient_accumulation_steps == accum
-        ok = derived.ok and same_split and not resolved.mismatches and _run_validator(fixed, resolved, parallel, spec.training.deepspeed_version).ok
+        ok = (
+            derived.ok
+            and same_split
+            and not resolved.mismatches
+            and _run_validator(fixed, resolved, parallel, spec.training.deepspeed_version).ok
+        )
         return (resolved, parallel, derived) if ok else None
 
     def price_at(headroom: float, fixed: dict[str, Any], target: Plan) -> Evaluation | None:

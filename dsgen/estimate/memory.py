@@ -176,7 +176,9 @@ def host_bytes(states: ModelStates, plan: Plan, hardware: Hardware, deepspeed_ve
     # states are allocated, so the two do not add up.
     loading = ranks * plan.dtype_bytes * states.partitioning.parameters if plan.zero_stage < 3 else 0
     process = ranks * HOST_BYTES_PER_RANK
-    return process + max(loading, zero12_host_flattening(states, plan, hardware, deepspeed_version), offloaded), offloaded
+    return process + max(
+        loading, zero12_host_flattening(states, plan, hardware, deepspeed_version), offloaded
+    ), offloaded
 
 
 #: The first release that builds ZeRO-1/2's flat parameter buffer on the accelerator when it
