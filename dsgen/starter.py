@@ -37,6 +37,7 @@ training:
   global_batch_size: {global_batch_size:<20} # sequences per optimizer step, met exactly
   # precision: bf16                         or fp16, fp32; left out, dsgen picks
   # packed_samples: true                    every sequence is sequence_length tokens (samples packed)
+  # deepspeed_version: 0.18.5              the DeepSpeed you run (default 0.19.8): host RAM, ALST and checks follow it
   # optimizer: {{type: adamw, lr: 2.0e-5}}
 # constraints:                              each pins one dimension of the search
 #   zero_stage: 3
