@@ -46,6 +46,7 @@ for entry in (str(REPO), str(REPO / "bench")):
 
 from outcome_specs import UNKNOWN_HOST_GIB, Priced, doctor_config, doctor_spec, load_corpus, price  # noqa: E402
 
+from dsgen.deepspeed_release import normalize_release  # noqa: E402
 from dsgen.doctor.diagnose import diagnose  # noqa: E402
 from dsgen.solver import Evaluation  # noqa: E402
 from dsgen.spec.defaults import spec_default  # noqa: E402
@@ -197,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     z2, z3, ds_source = _ds_functions()
     rows = []
     tallies = {"dsgen": [0, 0], "run": [0, 0], "ds": [0, 0]}
+    release = normalize_release(str(corpus.get("deepspeed_version", spec_default("training.deepspeed_version"))))
+    print(f"priced as DeepSpeed {release} (the corpus header's deepspeed_version; a case may name its own)")
     header = (
         f"{'case':44} {'outcome':8} | {'dsgen':8} {'GiB':>6} | {'run knobs':9} {'GiB':>6} | {'cap':>5} | "
         f"{'DS est.':8} {'GPU':>6} {'CPU':>6} | host"
