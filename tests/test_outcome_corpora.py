@@ -37,6 +37,10 @@ def _outcome_specs() -> ModuleType:
     return bench_module("outcome_specs")
 
 
+#: The held-out fit files collected blind (every case says whether its inputs were all stated).
+BLIND_FIT_SETS = ("fit_heldout_strict", "fit_heldout_blind3")
+
+
 @pytest.fixture(scope="module")
 def specs() -> ModuleType:
     return _outcome_specs()
@@ -44,7 +48,14 @@ def specs() -> ModuleType:
 
 @pytest.fixture(
     scope="module",
-    params=["fit_outcomes", "throughput_outcomes", "fit_heldout", "fit_heldout_strict", "throughput_heldout"],
+    params=[
+        "fit_outcomes",
+        "throughput_outcomes",
+        "fit_heldout",
+        "fit_heldout_strict",
+        "fit_heldout_blind3",
+        "throughput_heldout",
+    ],
 )
 def corpus(request: pytest.FixtureRequest, specs: ModuleType) -> dict[str, Any]:
     data: dict[str, Any] = specs.load_corpus(request.param)
@@ -80,7 +91,7 @@ def test_every_case_is_sourced_and_complete(corpus: dict[str, Any]) -> None:
             assert case["knobs_ref"] in corpus["knobs"], where
         assert isinstance(case.get("liger_kernel", False), bool), where
         assert isinstance(case.get("packed_samples", False), bool), where
-        if corpus["_name"] == "fit_heldout_strict":  # the blind set says, per case, whether every input was stated
+        if corpus["_name"] in BLIND_FIT_SETS:  # the blind sets say, per case, whether every input was stated
             assert isinstance(case["strict"], bool), where
             assert case["strict"] or case["assumed"], f"{where}: a non-strict case lists what was assumed"
         if corpus["_name"].startswith("fit_"):
