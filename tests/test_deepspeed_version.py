@@ -161,3 +161,17 @@ def test_solve_json_names_the_release_it_priced(capsys: pytest.CaptureFixture[st
     assert (default.exit_code, pinned.exit_code) == (0, 0)
     assert json.loads(default.stdout)["deepspeed_version"] == "0.19.8"
     assert json.loads(pinned.stdout)["deepspeed_version"] == "0.18.5"
+
+
+def test_the_solver_leaves_zero12_where_the_release_flattens_on_a_small_host() -> None:
+    """LLaMA-Factory #103's cluster: before 0.18.7 no ZeRO-1/2 plan fits its 256 GiB host, so the
+    solver goes to ZeRO-3; on 0.19.8 ZeRO-1/2 flattens on the GPU and is the plan."""
+    spec = LF103.replace("precision: fp16", "precision: bf16").replace("global_batch_size: 8", "global_batch_size: 64")
+    old = solve(_spec(spec.format(version="0.16")))
+    new = solve(_spec(spec.format(version="0.19")))
+    assert old.best is not None and new.best is not None
+    assert old.best.plan.zero_stage == 3 and new.best.plan.zero_stage in (1, 2)
+    refused = [alt for alt in old.alternatives if alt.zero_stage in (1, 2)]
+    assert refused and all(alt.evaluation is not None for alt in refused)
+    for alt in refused:
+        assert alt.evaluation.memory.cpu.total >= 8 * 2 * 2 * LLAMA_2_13B_PARAMETERS
