@@ -8,6 +8,7 @@ from dsgen.estimate.optimizers import client_optimizer_class, is_client_optimize
 from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
 from dsgen.plan import Plan, plan_dict
 from dsgen.solver import Evaluation, SolveResult, gib
+from dsgen.spec.defaults import spec_default
 from dsgen.spec.types import Spec
 from dsgen.targets.long_context import attention_note, liger_note, long_context_notes
 from dsgen.text_table import text_table
@@ -118,6 +119,11 @@ def result_dict(result: SolveResult) -> dict[str, Any]:
     body["deepspeed_version"] = spec.training.deepspeed_version  # the release priced (training.deepspeed_version)
     body["notes"] = [*spec.notes, *([result.batch_note] if result.batch_note else [])]
     return body
+
+
+def _release_note(release: str) -> str:
+    """The DeepSpeed release, said beside the hardware when the spec names one other than the default."""
+    return "" if release == spec_default("training.deepspeed_version") else f", DeepSpeed {release}"
 
 
 def tie_band_note() -> str:
@@ -267,7 +273,8 @@ def human_summary(result: SolveResult) -> str:
     lines += [
         f"model     {spec.model.name} ({format_count(spec.model.parameter_count())} parameters)"
         + (", Liger-Kernel" if spec.training.liger_kernel else ""),
-        f"hardware  {spec.hardware.nodes} x {spec.hardware.gpus_per_node} x {spec.hardware.gpu.name}",
+        f"hardware  {spec.hardware.nodes} x {spec.hardware.gpus_per_node} x {spec.hardware.gpu.name}"
+        + _release_note(spec.training.deepspeed_version),
         f"plan      {p.describe()}",
         f"batch     {p.global_batch_size} = micro {p.micro_batch_size} x accumulation "
         f"{p.gradient_accumulation_steps} x data-parallel {p.batch_parallel_size}",

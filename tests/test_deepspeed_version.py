@@ -175,3 +175,13 @@ def test_the_solver_leaves_zero12_where_the_release_flattens_on_a_small_host() -
     assert refused and all(alt.evaluation is not None for alt in refused)
     for alt in refused:
         assert alt.evaluation.memory.cpu.total >= 8 * 2 * 2 * LLAMA_2_13B_PARAMETERS
+
+
+def test_solve_says_the_release_beside_the_hardware_when_it_is_not_the_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    spec = str(EXAMPLES_DIR / "llama-3.1-8b-8xh100.yaml")
+    old = run_cli(["solve", spec, "--set", "training.deepspeed_version=0.18.5"], capsys).stdout.splitlines()
+    default = run_cli(["solve", spec], capsys).stdout.splitlines()
+    assert [line for line in old if line.startswith("hardware")] == ["hardware  1 x 8 x h100-80gb, DeepSpeed 0.18.5"]
+    assert [line for line in default if line.startswith("hardware")] == ["hardware  1 x 8 x h100-80gb"]
