@@ -24,15 +24,6 @@ STRICT_PRECISION_SINCE: tuple[int, ...] = (0, 17, 1)
 _FORM = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?")
 
 
-def normalize_version(text: str) -> str:
-    """A parser profile name: ``0.19``, ``0.19.8`` or ``v0.16.9`` -> ``0.19`` / ``0.16``; ValueError otherwise."""
-    match = _FORM.fullmatch(text.strip())
-    name = f"{match.group(1)}.{match.group(2)}" if match else None
-    if name not in SUPPORTED:
-        raise ValueError(f"unsupported DeepSpeed version {text!r}; choose one of {', '.join(SUPPORTED)}")
-    return name
-
-
 def normalize_release(text: str) -> str:
     """A release a spec may name, as ``0.X.Y``: a profile name stands for the release it was read
     from (``0.16`` -> ``0.16.9``); any other minor needs its patch release, because memory changed
@@ -62,3 +53,9 @@ def profile_of(release: str) -> str:
     if key < (0, 15, 0):
         return "0.14"
     return "0.16" if key < STRICT_PRECISION_SINCE else "0.19"
+
+
+def normalize_version(text: str) -> str:
+    """The parser profile a release (or profile name) is checked with: ``0.19`` and ``0.19.8`` ->
+    ``0.19``, ``v0.15.4`` -> ``0.16`` (:func:`profile_of`); ValueError as :func:`normalize_release`."""
+    return profile_of(normalize_release(text))

@@ -18,15 +18,26 @@ def rules(config: dict[str, Any], version: str) -> dict[str, str]:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("0.19", "0.19"), ("0.19.8", "0.19"), ("v0.16.9", "0.16"), ("0.14", "0.14"), (" 0.16 ", "0.16")],
+    [
+        ("0.19", "0.19"),
+        ("0.19.8", "0.19"),
+        ("v0.16.9", "0.16"),
+        ("0.14", "0.14"),
+        (" 0.16 ", "0.16"),
+        ("0.14.5", "0.14"),
+        ("0.15.4", "0.16"),  # the nearest profile read from a wheel
+        ("0.17.0", "0.16"),  # fp16/bf16 still dict-based
+        ("0.17.1", "0.19"),
+        ("0.18.5", "0.19"),
+    ],
 )
 def test_normalize_version(text: str, expected: str) -> None:
     assert normalize_version(text) == expected
 
 
-@pytest.mark.parametrize("text", ["0.15", "1.0", "latest", "0.19.8.1", ""])
+@pytest.mark.parametrize("text", ["0.15", "0.18", "0.13.1", "0.20.0", "1.0", "latest", "0.19.8.1", ""])
 def test_unsupported_versions(text: str) -> None:
-    with pytest.raises(ValueError, match=r"0\.14, 0\.16, 0\.19"):
+    with pytest.raises(ValueError, match=r"0\.14, 0\.16 or 0\.19"):
         normalize_version(text)
 
 

@@ -63,7 +63,9 @@ def validate(
     deepspeed_version: Annotated[
         str,
         typer.Option(
-            "--deepspeed-version", help="DeepSpeed release to check against: 0.14, 0.16 or 0.19.", metavar="VERSION"
+            "--deepspeed-version",
+            help="DeepSpeed release to check against, e.g. 0.16.9 (read with the nearest parser profile: 0.14, 0.16 or 0.19).",
+            metavar="VERSION",
         ),
     ] = "0.19",
     strict: Annotated[bool, typer.Option("--strict", help="Treat warnings (e.g. ignored keys) as errors.")] = False,
