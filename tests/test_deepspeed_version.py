@@ -185,3 +185,35 @@ def test_solve_says_the_release_beside_the_hardware_when_it_is_not_the_default(
     default = run_cli(["solve", spec], capsys).stdout.splitlines()
     assert [line for line in old if line.startswith("hardware")] == ["hardware  1 x 8 x h100-80gb, DeepSpeed 0.18.5"]
     assert [line for line in default if line.startswith("hardware")] == ["hardware  1 x 8 x h100-80gb"]
+
+
+LIT_LLAMA_397 = (  # https://github.com/Lightning-AI/lit-llama/issues/397 (ZeRO-2 + CPU optimizer offload, 4 x A100 40GB)
+    "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 6.28 GiB (GPU 0; 39.39 GiB total capacity; "
+    "31.38 GiB already allocated; 5.79 GiB free; 31.40 GiB reserved in total by PyTorch)"
+)
+LLAMA_2_7B_PARAMETERS = 6_738_415_616  # meta-llama/Llama-2-7b-hf
+ZERO2_OFFLOAD = {
+    "train_micro_batch_size_per_gpu": 1,
+    "gradient_accumulation_steps": 1,
+    "bf16": {"enabled": True},
+    "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+}
+LIT_LLAMA_SPEC = """
+model: {{preset: llama-2-7b}}
+hardware: {{gpu: a100-40gb, gpus_per_node: 4}}
+training: {{sequence_length: 512, global_batch_size: 4, deepspeed_version: {version}}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("version", "reading"),
+    [("0.16.9", "write the updated weights back"), ("0.17.5", "check that the config's offload_optimizer block")],
+)
+def test_an_fp32_partition_request_under_zero2_offload_is_named_by_release(version: str, reading: str) -> None:
+    """The published 6.28 GiB request is one rank's fp32 partition of a 7B model over 4 ranks
+    (4 B x P / 4). DeepSpeed 0.14.1-0.16.x makes that copy on the GPU in step(); on other releases
+    CPU offload keeps it on the host, so the request says the optimizer was not offloaded."""
+    assert pytest.approx(6.28, abs=0.005) == 4 * LLAMA_2_7B_PARAMETERS / 4 / 2**30
+    d = doctor(ZERO2_OFFLOAD, _spec(LIT_LLAMA_SPEC.format(version=version)), error=LIT_LLAMA_397)
+    notes = " ".join(d.oom.notes) if d.oom is not None else ""
+    assert reading in notes, notes

@@ -1,9 +1,9 @@
 """Set an out-of-memory message against the prediction: which allocation it most likely was.
 
 A failed request is one tensor. The doctor lists the single allocations a step makes whose size
-the model knows (one fp32 optimizer partition, the flat 16-bit parameter buffer, a gradient
-partition, a reduce bucket, a gathered ZeRO-3 module, the logits, eager attention scores, the
-MLP intermediate) and names the one within 12% of the requested size.
+the model knows (one fp32 optimizer partition, also under ZeRO-1/2 CPU offload, the flat 16-bit
+parameter buffer, a gradient partition, a reduce bucket, a gathered ZeRO-3 module, the logits,
+eager attention scores, the MLP intermediate) and names the one within 12% of the requested size.
 """
 
 from __future__ import annotations
@@ -11,11 +11,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from dsgen.deepspeed_release import release_key
 from dsgen.doctor.oom_message import OomMessage
 from dsgen.solver import Evaluation, gib
 from dsgen.spec.types import Spec
 
 FP32 = 4
+#: ZeRO-1/2 with CPU optimizer offload, DeepSpeed 0.14.1 (#5301) up to 0.17.0 (#7309, which stages
+#: through a 16-bit host buffer instead): ``step()`` writes the updated weights back through
+#: ``fp32_partition.to(device)``, an fp32 copy of the rank's partition on the GPU. The memory model
+#: does not price it (docs/memory-model.md, "What is not modelled yet"); a message can name it.
+OFFLOAD_WRITE_BACK_COPY: tuple[tuple[int, ...], tuple[int, ...]] = ((0, 14, 1), (0, 17, 0))
 TOLERANCE = 0.12  # relative: sizes in messages are rounded to two decimals of a unit
 EXPANDABLE = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
 
@@ -60,6 +66,8 @@ def allocations(spec: Spec, evaluation: Evaluation) -> list[Allocation]:
                 FP32 * partition,
             )
         )
+    elif plan.zero_stage in (1, 2):
+        found.append(_offloaded_partition(spec.training.deepspeed_version, FP32 * partition))
     if plan.zero_stage < 3:
         found.append(Allocation("the flat 16-bit copy of all parameters", "engine start", "parameters", w * p))
     grad_partition = parts.even_share if plan.zero_stage >= 2 else p
@@ -85,6 +93,23 @@ def allocations(spec: Spec, evaluation: Evaluation) -> list[Allocation]:
         scores = w * plan.micro_batch_size * m.num_attention_heads * spec.training.sequence_length**2
         found.append(Allocation("one layer's attention scores (eager attention)", "forward", "activations", scores))
     return found
+
+
+def _offloaded_partition(release: str, size: int) -> Allocation:
+    """An fp32 partition on the GPU of a ZeRO-1/2 plan that offloads its optimizer: the write-back
+    copy of the releases that make one, else a sign that the optimizer is not offloaded."""
+    since, until = OFFLOAD_WRITE_BACK_COPY
+    if since <= release_key(release) < until:
+        what = (
+            f"the fp32 copy of the rank's partition DeepSpeed {release} makes on the GPU to write the updated "
+            "weights back (ZeRO-1/2 CPU offload, 0.14.1 to 0.16.x; 0.17.0 stages it on the host)"
+        )
+    else:
+        what = (
+            "one fp32 optimizer partition, which CPU offload keeps on the host: check that the config's "
+            "offload_optimizer block reaches DeepSpeed"
+        )
+    return Allocation(what, "optimizer step", "optimizer_states", size)
 
 
 def read_oom(message: OomMessage, spec: Spec, evaluation: Evaluation) -> OomReading:
