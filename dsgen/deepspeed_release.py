@@ -12,10 +12,11 @@ validator read one list. Validation differences between the profiles are data in
 from __future__ import annotations
 
 import re
+from functools import cache
 
 #: The parser profiles, each read from one release's wheel (``dsgen.validate.versions``).
-SUPPORTED: tuple[str, ...] = ("0.14", "0.16", "0.19")
 RELEASES = {"0.14": "0.14.5", "0.16": "0.16.9", "0.19": "0.19.8"}
+SUPPORTED: tuple[str, ...] = tuple(RELEASES)
 #: The releases a spec may name: any 0.14.0 .. 0.19.x (memory follows the exact release).
 OLDEST_MINOR, NEWEST_MINOR = 14, 19
 #: fp16/bf16 became strict pydantic models in 0.17.1: the first release the 0.19 profile describes.
@@ -41,6 +42,7 @@ def normalize_release(text: str) -> str:
     )
 
 
+@cache  # asked for every validation rule of every config the doctor's fix search checks
 def release_key(release: str) -> tuple[int, ...]:
     """A release (or profile name) as a comparable tuple: ``"0.18.5"`` -> (0, 18, 5)."""
     return tuple(int(part) for part in normalize_release(release).split("."))

@@ -26,9 +26,9 @@ TRICKS = ("tiled_loss", "tiled_mlp", "checkpoint_offload")
 ALST_SINCE: tuple[int, ...] = (0, 17, 4)
 
 
-def alst_available(spec: Spec) -> bool:
-    """Whether the spec's DeepSpeed release (``training.deepspeed_version``) has ALST."""
-    return release_key(spec.training.deepspeed_version) >= ALST_SINCE
+def alst_available(release: str) -> bool:
+    """Whether a DeepSpeed release (a spec's ``training.deepspeed_version``) has ALST."""
+    return release_key(release) >= ALST_SINCE
 
 
 def sequence_parallel_degrees(spec: Spec, search: bool = False) -> tuple[int, ...]:
@@ -36,7 +36,7 @@ def sequence_parallel_degrees(spec: Spec, search: bool = False) -> tuple[int, ..
     count DeepSpeed accepts for this model, attention and sequence (1 always). ``search=False``
     (every other dimension pinned): ``auto`` means off, so a fully pinned plan stays that plan."""
     pinned = spec.constraints.sequence_parallel_size
-    if pinned is not None or not search or not alst_available(spec):
+    if pinned is not None or not search or not alst_available(spec.training.deepspeed_version):
         return (pinned or 1,)
     return _degrees(spec.model, spec.hardware.world_size, spec.training.sequence_length, spec.training.attention)
 
@@ -60,7 +60,7 @@ def long_context_choices(spec: Spec, sp: int, checkpointing: Checkpointing, sear
     logits tensor left to tile. ``search=False``, or a DeepSpeed release without ALST: ``auto``
     means off."""
     c = spec.constraints
-    auto = [False, True] if search and alst_available(spec) else [False]
+    auto = [False, True] if search and alst_available(spec.training.deepspeed_version) else [False]
     options = {
         "tiled_loss": [c.tiled_loss] if c.tiled_loss is not None else auto,
         "tiled_mlp": [c.tiled_mlp] if c.tiled_mlp is not None else auto,

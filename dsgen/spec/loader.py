@@ -16,7 +16,7 @@ from typing import Any
 
 from dsgen.catalog.gpu import GpuSpec
 from dsgen.catalog.model_shape import ModelShape
-from dsgen.deepspeed_release import normalize_release, release_key
+from dsgen.deepspeed_release import normalize_release
 from dsgen.errors import DsgenError
 from dsgen.estimate.optimizers import TORCH_OPTIMIZERS, client_optimizer_class, is_client_optimizer
 from dsgen.resources import schema_path
@@ -411,10 +411,10 @@ class _SpecBuilder:
         """A pinned Ulysses degree must satisfy DeepSpeed's rules (dsgen.estimate.sequence_parallel.sp_violation
         names where DeepSpeed raises); TiledMLP patches a dense MLP's forward, not an MoE block."""
         from dsgen.estimate.sequence_parallel import sp_violation
-        from dsgen.long_context import ALST_SINCE, TRICKS
+        from dsgen.long_context import ALST_SINCE, TRICKS, alst_available
 
         sp = constraints.sequence_parallel_size
-        if release_key(training.deepspeed_version) < ALST_SINCE:
+        if not alst_available(training.deepspeed_version):
             pinned = [("sequence_parallel_size", sp)] if sp is not None and sp > 1 else []
             pinned += [(name, True) for name in TRICKS if getattr(constraints, name) is True]
             if pinned:

@@ -88,7 +88,7 @@ class Training:
     attention: str = spec_default("training.attention")
     liger_kernel: bool = spec_default("training.liger_kernel")  # Liger-Kernel's fused kernels and loss
     packed_samples: bool = spec_default("training.packed_samples")  # every sequence full length (dsgen.verdict)
-    deepspeed_version: str = spec_default("training.deepspeed_version")  # dsgen.deepspeed_release.SUPPORTED
+    deepspeed_version: str = spec_default("training.deepspeed_version")  # a release, 0.X.Y (normalize_release)
     gradient_clipping: float = spec_default("training.gradient_clipping")
     mfu: float | None = None
     optimizer: Optimizer = Optimizer()

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any
 
-from dsgen.deepspeed_release import RELEASES, normalize_version
+from dsgen.deepspeed_release import RELEASES, normalize_version, release_key
 
 # A patch is (operation, property path from the root, argument):
 #   drop     - the key does not exist in that release (unknown there)
@@ -168,7 +167,7 @@ class Profile:
         return self.version == "0.19"
 
     def at_least(self, version: str) -> bool:
-        return _key(self.version) >= _key(version)
+        return release_key(self.version) >= release_key(version)
 
 
 PROFILES: dict[str, Profile] = {
@@ -176,11 +175,6 @@ PROFILES: dict[str, Profile] = {
     "0.16": Profile("0.16", RELEASES["0.16"], _PATCHES_0_16, _DS_OPTIMIZERS_0_19 | _ONEBIT),
     "0.14": Profile("0.14", RELEASES["0.14"], _PATCHES_0_14, _DS_OPTIMIZERS_0_19 | _ONEBIT),
 }
-
-
-@cache
-def _key(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in version.split("."))
 
 
 def profile(version: str) -> Profile:
