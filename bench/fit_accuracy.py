@@ -19,13 +19,16 @@ config and a spec that pins only checkpointing; fits / tight / oom / host-oom, d
 the calibration of its bands: the safe line and the outcomes of the runs in each band. Each verdict
 is read as what it says will happen (``FitVerdict.likely``): ``tight`` as the outcome its band's
 runs mostly had, which for these corpora (no run declares packed samples) is out of GPU memory.
-``--corpus fit_heldout`` runs the same on the held-out published outcomes.
+``--corpus fit_heldout`` runs the same on the held-out published outcomes; ``--corpus`` may be given
+more than once, and ``--held-out`` names every ``bench/data/fit_heldout*.yaml``. With more than one
+corpus the last line pools the doctor's verdicts over all of them. Each doctor figure carries its 95 %
+Wilson score interval (Wilson 1927), the range of true accuracies the sample does not rule out.
 
 Final lines: ``verdicts right N/M (X %)`` for each pricing, for dsgen at its default
 ``memory_headroom`` (the verdict a user gets, with the cases it gets wrong) and for DeepSpeed's
 estimator, then the GPU verdicts under other headrooms.
 
-Run: python bench/fit_accuracy.py [--json rows.json] [--case ID ...]   (a few seconds; DeepSpeed import
+Run: python bench/fit_accuracy.py [--corpus NAME ...] [--held-out] [--json rows.json] [--case ID ...]   (a few seconds; DeepSpeed import
      included). A host RAM the source does not state is taken as 512 GiB and flagged "host?".
 """
 
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -189,12 +193,52 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write one row per case to this file")
     parser.add_argument("--case", action="append", default=[], help="only these case ids")
     parser.add_argument(
-        "--corpus", default="fit_outcomes", help="bench/data/<name>.yaml (fit_heldout, fit_heldout_strict: held out)"
+        "--corpus",
+        action="append",
+        default=[],
+        help="bench/data/<name>.yaml, repeatable (default fit_outcomes; fit_heldout*: held out)",
     )
+    parser.add_argument("--held-out", action="store_true", help="every bench/data/fit_heldout*.yaml")
     args = parser.parse_args(argv)
+    names = list(args.corpus)
+    if args.held_out:
+        names += sorted(path.stem for path in (REPO / "bench" / "data").glob("fit_heldout*.yaml"))
+    names = list(dict.fromkeys(names)) or ["fit_outcomes"]
+    if args.json and len(names) > 1:
+        parser.error("--json writes one corpus's rows: name one --corpus")
+    tallies = [score_corpus(name, args.case, args.json) for name in names]
+    if len(names) > 1:
+        right_n = sum(n for n, _ in tallies)
+        total = sum(m for _, m in tallies)
+        print()
+        print(f"pooled over {', '.join(names)}:")
+        print(f"doctor verdicts right {right_n}/{total} ({right_n / total:.0%}, {wilson_text(right_n, total)})")
+    return 0
 
-    corpus = load_corpus(args.corpus)
-    cases = [c for c in corpus["cases"] if not args.case or c["id"] in args.case]
+
+def wilson_interval(successes: int, trials: int, z: float = 1.959964) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion (95 % for the default z): unlike the
+    normal approximation it stays inside [0, 1] and is sound for the few dozen runs a corpus has."""
+    if trials == 0:
+        return 0.0, 1.0
+    share = successes / trials
+    denominator = 1 + z * z / trials
+    centre = (share + z * z / (2 * trials)) / denominator
+    spread = z * math.sqrt(share * (1 - share) / trials + z * z / (4 * trials * trials)) / denominator
+    return max(0.0, centre - spread), min(1.0, centre + spread)
+
+
+def wilson_text(successes: int, trials: int) -> str:
+    low, high = wilson_interval(successes, trials)
+    return f"95 % interval {low:.0%}-{high:.0%}"
+
+
+def score_corpus(name: str, case_ids: list[str], json_path: Path | None) -> tuple[int, int]:
+    """Print every figure of one corpus; returns the doctor's (right, cases)."""
+    print(f"=== bench/data/{name}.yaml")
+    corpus = load_corpus(name)
+    case_ids = case_ids or []
+    cases = [c for c in corpus["cases"] if not case_ids or c["id"] in case_ids]
     z2, z3, ds_source = _ds_functions()
     rows = []
     tallies = {"dsgen": [0, 0], "run": [0, 0], "ds": [0, 0]}
@@ -318,10 +362,10 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"DeepSpeed estimator {n}/{m} ({n / m:.0%}) - {ds_source}; stage-0 cases have no estimator and are not counted"
         )
-    doctor_verdicts(cases, corpus)
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
-    return 0
+    doctor_tally = doctor_verdicts(cases, corpus)
+    if json_path:
+        json_path.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    return doctor_tally
 
 
 def _host_unstated(case: dict[str, Any]) -> bool:
@@ -332,8 +376,8 @@ def _host_unstated(case: dict[str, Any]) -> bool:
 DOCTOR_RIGHT = {"fits": "fits", "oom": "oom", "host_oom": "host-oom"}  # outcome -> FitVerdict.likely
 
 
-def doctor_verdicts(cases: list[dict[str, Any]], corpus: dict[str, Any]) -> None:
-    """What ``dsgen doctor`` says of every run, and the calibration of its bands."""
+def doctor_verdicts(cases: list[dict[str, Any]], corpus: dict[str, Any]) -> tuple[int, int]:
+    """What ``dsgen doctor`` says of every run, and the calibration of its bands; returns (right, cases)."""
     print()
     print("dsgen doctor's own verdict per case (the run's config, a spec pinning only checkpointing):")
     rows = []
@@ -347,7 +391,8 @@ def doctor_verdicts(cases: list[dict[str, Any]], corpus: dict[str, Any]) -> None
         )
     right_n = sum(ok for *_, ok in rows)
     print(
-        f"doctor verdicts right {right_n}/{len(rows)} ({right_n / len(rows):.0%}) - tight read as its band's lean (FitVerdict.likely)"
+        f"doctor verdicts right {right_n}/{len(rows)} ({right_n / len(rows):.0%}, {wilson_text(right_n, len(rows))})"
+        " - tight read as its band's lean (FitVerdict.likely)"
     )
     for case, fill, verdict, ok in rows:
         if not ok:
@@ -368,11 +413,12 @@ def doctor_verdicts(cases: list[dict[str, Any]], corpus: dict[str, Any]) -> None
             f"  (dsgen.verdict.BANDS says {band.runs} / {band.gpu_oom})"
         )
     host = [c for c, _f, v, _ in rows if v == "host-oom"]
-    unstated = sum(_host_unstated(c) for c in host)
+    on_assumed_host = sum(_host_unstated(c) for c in host)
     print(
         f"  host-oom verdicts: {len(host)} runs, {sum(c['outcome'] == 'host_oom' for c in host)} ran out of host memory"
-        f" ({unstated} of them on the assumed {UNKNOWN_HOST_GIB:g} GiB: the source states no host RAM)"
+        f" ({on_assumed_host} of them on the assumed {UNKNOWN_HOST_GIB:g} GiB: the source states no host RAM)"
     )
+    return right_n, len(rows)
 
 
 if __name__ == "__main__":

@@ -211,3 +211,36 @@ def test_long_context_bench_prints_every_figure(capsys: pytest.CaptureFixture[st
     assert "agreement, held out:" in out
     assert "worst factor x" in out and "(goal within x1.25)" in out
     assert "median predicted/published speed" in out
+
+
+@pytest.mark.parametrize(
+    ("successes", "trials", "low", "high"),
+    # Newcombe (1998), "Two-sided confidence intervals for the single proportion", Statistics in
+    # Medicine 17:857-872, Table I, method 3 (Wilson score, no continuity correction)
+    [(81, 263, 0.2553, 0.3662), (15, 148, 0.0624, 0.1605), (0, 20, 0.0, 0.1611), (1, 29, 0.0061, 0.1718)],
+)
+def test_fit_accuracy_interval_is_wilsons(successes: int, trials: int, low: float, high: float) -> None:
+    """The 95 % interval bench/fit_accuracy.py prints beside every doctor figure matches the
+    published worked examples of the Wilson score interval to four places."""
+    bench = bench_module("fit_accuracy")
+    got = bench.wilson_interval(successes, trials)
+    assert got == pytest.approx((low, high), abs=6e-5)
+
+
+def test_fit_accuracy_pools_the_corpora_it_is_given(capsys: pytest.CaptureFixture[str]) -> None:
+    """Given two corpora, bench/fit_accuracy.py prints each one's doctor figure and a pooled line
+    whose counts are their sums."""
+    import re
+
+    bench = bench_module("fit_accuracy")
+    ids = [
+        "ds1302-bert-large-z1-8xv100",
+        "litllama397-llama-7b-z2-offload-4xa100-40",
+        "trl930-llama2-7b-z2-2xa100-80-s4096",
+    ]
+    assert bench.main(["--corpus", "fit_heldout", "--corpus", "fit_heldout_blind3", *[f"--case={i}" for i in ids]]) == 0
+    out = capsys.readouterr().out
+    per_file = [tuple(map(int, m)) for m in re.findall(r"^doctor verdicts right (\d+)/(\d+) \(", out, re.M)]
+    assert [m for _, m in per_file] == [2, 1, 3]  # two cases of fit_heldout, one of blind3, the pool
+    assert per_file[2] == (per_file[0][0] + per_file[1][0], 3)
+    assert "pooled over fit_heldout, fit_heldout_blind3:" in out
