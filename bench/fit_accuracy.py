@@ -35,6 +35,7 @@ Run: python bench/fit_accuracy.py [--corpus NAME ...] [--held-out] [--json rows.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -206,14 +207,42 @@ def main(argv: list[str] | None = None) -> int:
     names = list(dict.fromkeys(names)) or ["fit_outcomes"]
     if args.json and len(names) > 1:
         parser.error("--json writes one corpus's rows: name one --corpus")
-    tallies = [score_corpus(name, args.case, args.json) for name in names]
+    doctor_rows = [row for name in names for row in score_corpus(name, args.case, args.json)]
     if len(names) > 1:
-        right_n = sum(n for n, _ in tallies)
-        total = sum(m for _, m in tallies)
+        right_n = sum(row.right for row in doctor_rows)
+        total = len(doctor_rows)
         print()
         print(f"pooled over {', '.join(names)}:")
+        outcomes_by_fill(doctor_rows)
         print(f"doctor verdicts right {right_n}/{total} ({right_n / total:.0%}, {wilson_text(right_n, total)})")
     return 0
+
+
+FILL_EDGES = (0.0, 0.5, 0.7, 0.8, 0.9, 1.0, 1.1, 1.3, float("inf"))
+
+
+def outcomes_by_fill(rows: list[DoctorRow]) -> None:
+    """How often published runs ran out of GPU memory at each predicted fill, and the most any one
+    line between "fits" and "oom" could get right with these predictions: what calibration alone can
+    reach, whatever the safe line (runs the doctor calls host-oom, or that ran out of host memory,
+    are left out of both)."""
+    gpu = [row for row in rows if row.verdict != "host-oom" and row.outcome != "host_oom"]
+    print("outcomes by dsgen doctor's predicted GPU fill (runs called or ending host-oom left out):")
+    for low, high in itertools.pairwise(FILL_EDGES):
+        inside = [row for row in gpu if low < row.fill <= high or (low == 0 and row.fill <= high)]
+        ooms = sum(row.outcome == "oom" for row in inside)
+        upper = "inf" if high == float("inf") else f"{high:.0%}"
+        print(f"  ({low:.0%}, {upper}]: {len(inside):3} runs, {ooms:3} ran out of GPU memory")
+
+    def right_below(line: float) -> int:
+        return sum((row.fill > line) == (row.outcome == "oom") for row in gpu)
+
+    best_right, best_line = max((right_below(line), line) for line in sorted({0.0, *(row.fill for row in gpu)}))
+    ours = right_below(SAFE_LINE)
+    print(
+        f"  one line between fits and oom: at dsgen's safe line {SAFE_LINE:.0%} {ours}/{len(gpu)} ({ours / len(gpu):.0%})"
+        f" right; the best line on these predictions, {best_line:.1%}, {best_right}/{len(gpu)} ({best_right / len(gpu):.0%})"
+    )
 
 
 def wilson_interval(successes: int, trials: int, z: float = 1.959964) -> tuple[float, float]:
@@ -233,8 +262,8 @@ def wilson_text(successes: int, trials: int) -> str:
     return f"95 % interval {low:.0%}-{high:.0%}"
 
 
-def score_corpus(name: str, case_ids: list[str], json_path: Path | None) -> tuple[int, int]:
-    """Print every figure of one corpus; returns the doctor's (right, cases)."""
+def score_corpus(name: str, case_ids: list[str], json_path: Path | None) -> list[DoctorRow]:
+    """Print every figure of one corpus; returns the doctor's verdict on each case."""
     print(f"=== bench/data/{name}.yaml")
     corpus = load_corpus(name)
     case_ids = case_ids or []
@@ -362,10 +391,10 @@ def score_corpus(name: str, case_ids: list[str], json_path: Path | None) -> tupl
         print(
             f"DeepSpeed estimator {n}/{m} ({n / m:.0%}) - {ds_source}; stage-0 cases have no estimator and are not counted"
         )
-    doctor_tally = doctor_verdicts(cases, corpus)
+    doctor_rows = doctor_verdicts(cases, corpus)
     if json_path:
         json_path.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
-    return doctor_tally
+    return doctor_rows
 
 
 def _host_unstated(case: dict[str, Any]) -> bool:
@@ -376,8 +405,22 @@ def _host_unstated(case: dict[str, Any]) -> bool:
 DOCTOR_RIGHT = {"fits": "fits", "oom": "oom", "host_oom": "host-oom"}  # outcome -> FitVerdict.likely
 
 
-def doctor_verdicts(cases: list[dict[str, Any]], corpus: dict[str, Any]) -> tuple[int, int]:
-    """What ``dsgen doctor`` says of every run, and the calibration of its bands; returns (right, cases)."""
+@dataclass(frozen=True)
+class DoctorRow:
+    """``dsgen doctor``'s verdict on one published run, beside what the run did."""
+
+    case: dict[str, Any]
+    fill: float
+    verdict: str
+    right: bool
+
+    @property
+    def outcome(self) -> str:
+        return str(self.case["outcome"])
+
+
+def doctor_verdicts(cases: list[dict[str, Any]], corpus: dict[str, Any]) -> list[DoctorRow]:
+    """What ``dsgen doctor`` says of every run, and the calibration of its bands."""
     print()
     print("dsgen doctor's own verdict per case (the run's config, a spec pinning only checkpointing):")
     rows = []
@@ -385,40 +428,40 @@ def doctor_verdicts(cases: list[dict[str, Any]], corpus: dict[str, Any]) -> tupl
         spec = doctor_spec(case, corpus)
         d = diagnose(doctor_config(case, corpus, spec.model), spec, max_fixes=0)
         ok = d.fit.likely == DOCTOR_RIGHT[case["outcome"]]
-        rows.append((case, d.fit.fill, d.verdict, ok))
+        rows.append(DoctorRow(case, d.fit.fill, d.verdict, ok))
         print(
             f"  {case['id'][:48]:48} {case['outcome']:8} doctor {d.verdict:8} fill {d.fit.fill:6.1%} {'' if ok else 'x'}"
         )
-    right_n = sum(ok for *_, ok in rows)
+    right_n = sum(row.right for row in rows)
     print(
         f"doctor verdicts right {right_n}/{len(rows)} ({right_n / len(rows):.0%}, {wilson_text(right_n, len(rows))})"
         " - tight read as its band's lean (FitVerdict.likely)"
     )
-    for case, fill, verdict, ok in rows:
-        if not ok:
-            assumed = verdict == "host-oom" and _host_unstated(case)
+    for row in rows:
+        if not row.right:
+            assumed = row.verdict == "host-oom" and _host_unstated(row.case)
             unstated = (
                 f", on the {UNKNOWN_HOST_GIB:g} GiB assumed for a host the source does not state" if assumed else ""
             )
-            print(f"  wrong: {case['id']} ({case['outcome']}; doctor {verdict} at {fill:.0%}{unstated})")
+            print(f"  wrong: {row.case['id']} ({row.outcome}; doctor {row.verdict} at {row.fill:.0%}{unstated})")
     print()
     print(f"calibration: safe line {SAFE_LINE:.0%} of GPU capacity (1 - the default memory_headroom)")
-    gpu_rows = [(c, f) for c, f, v, _ in rows if v != "host-oom"]
+    gpu_rows = [row for row in rows if row.verdict != "host-oom"]
     for band in BANDS:
-        inside = [c for c, f in gpu_rows if band.low < f <= band.high or (band.low == 0 and f <= band.high)]
-        ooms = sum(c["outcome"] == "oom" for c in inside)
+        inside = [r for r in gpu_rows if band.low < r.fill <= band.high or (band.low == 0 and r.fill <= band.high)]
+        ooms = sum(r.outcome == "oom" for r in inside)
         high = "inf" if band.high == float("inf") else f"{band.high:.0%}"
         print(
             f"  calibration {band.verdict:6} ({band.low:.0%}, {high}]: {len(inside)} runs, {ooms} ran out of GPU memory"
             f"  (dsgen.verdict.BANDS says {band.runs} / {band.gpu_oom})"
         )
-    host = [c for c, _f, v, _ in rows if v == "host-oom"]
-    on_assumed_host = sum(_host_unstated(c) for c in host)
+    host = [row for row in rows if row.verdict == "host-oom"]
+    on_assumed_host = sum(_host_unstated(row.case) for row in host)
     print(
-        f"  host-oom verdicts: {len(host)} runs, {sum(c['outcome'] == 'host_oom' for c in host)} ran out of host memory"
+        f"  host-oom verdicts: {len(host)} runs, {sum(row.outcome == 'host_oom' for row in host)} ran out of host memory"
         f" ({on_assumed_host} of them on the assumed {UNKNOWN_HOST_GIB:g} GiB: the source states no host RAM)"
     )
-    return right_n, len(rows)
+    return rows
 
 
 if __name__ == "__main__":
