@@ -136,6 +136,12 @@ def ds_estimate(case: dict[str, Any], priced: Priced, z2: Any, z3: Any) -> DsVer
     return DsVerdict(int(gpu), int(cpu), "fits")
 
 
+def peak_overhead(e: Evaluation) -> int:
+    """The allowances (CUDA context, NCCL, allocator slack) inside the peak phase's prediction."""
+    gpu = e.memory.gpu
+    return gpu.step_overhead if gpu.peak_phase == "optimizer_step" else gpu.overhead
+
+
 def right_at(outcome: str, e: Evaluation, headroom: float) -> bool:
     """Whether the verdict is right when a plan fits only below ``(1 - headroom)`` of GPU memory."""
     fits_gpu = e.memory.gpu.total <= e.usable_gpu_bytes * (1 - headroom)
@@ -318,7 +324,7 @@ def score_corpus(name: str, case_ids: list[str], json_path: Path | None) -> list
                 "run_knobs_verdict": verdict(priced.run),
                 "run_knobs_gpu_gib": round(priced.run.memory.gpu.total / GIB, 2),
                 "run_knobs_host_gib": round(priced.run.memory.cpu.total / GIB, 1),
-                "run_knobs_overhead_gib": round(priced.run.memory.gpu.overhead / GIB, 2),
+                "run_knobs_overhead_gib": round(peak_overhead(priced.run) / GIB, 2),
                 "capacity_gib": round(cap, 2),
                 "measured_gib": case.get("measured_gib"),
                 "ds_estimator_verdict": ds.verdict,

@@ -217,3 +217,47 @@ def test_an_fp32_partition_request_under_zero2_offload_is_named_by_release(versi
     d = doctor(ZERO2_OFFLOAD, _spec(LIT_LLAMA_SPEC.format(version=version)), error=LIT_LLAMA_397)
     notes = " ".join(d.oom.notes) if d.oom is not None else ""
     assert reading in notes, notes
+
+
+ONE_GPU_OFFLOAD = """
+model: {{preset: llama-2-7b}}
+hardware: {{gpu: a100-80gb, gpus_per_node: {gpus}, cpu_memory_gib: 1024}}
+training: {{sequence_length: 512, global_batch_size: {gpus}, deepspeed_version: {version}}}
+"""
+
+
+def _optimizer_step(config: dict[str, object], version: str, gpus: int = 1) -> int:
+    spec = _spec(ONE_GPU_OFFLOAD.format(version=version, gpus=gpus))
+    return doctor(config, spec).evaluation.memory.gpu.optimizer_step
+
+
+@pytest.mark.parametrize("gpus", [1, 4])
+@pytest.mark.parametrize(("inside", "outside"), [("0.14.1", "0.14.0"), ("0.16.9", "0.17.0")])
+def test_zero2_offload_writes_back_through_an_fp32_gpu_copy_from_0_14_1_to_0_16(
+    gpus: int, inside: str, outside: str
+) -> None:
+    """DeepSpeed 0.14.1 (#5301) to 0.16.x copy the updated fp32 partition to the GPU before casting
+    it into the 16-bit weights (``fp32_partition.to(device)`` in ``step``); 0.14.0 cast on the host,
+    0.17.0 (#7309) stages through a 16-bit host buffer. The step needs 4 B x P / ranks more there."""
+    extra = _optimizer_step(ZERO2_OFFLOAD, inside, gpus) - _optimizer_step(ZERO2_OFFLOAD, outside, gpus)
+    assert extra == pytest.approx(4 * LLAMA_2_7B_PARAMETERS / gpus, rel=0.002)
+
+
+def test_the_write_back_copy_is_zero12_cpu_offload_only() -> None:
+    """Without offload the step already holds the fp32 partition on the GPU, and ZeRO-3 offload
+    writes back through its own path (stage3.py): neither changes between those releases."""
+    zero3_offload = {**ZERO2_OFFLOAD, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}
+    no_offload = {**ZERO2_OFFLOAD, "zero_optimization": {"stage": 2}}
+    for config in (zero3_offload, no_offload):
+        assert _optimizer_step(config, "0.16.9", 4) == _optimizer_step(config, "0.17.0", 4)
+
+
+def test_the_installed_deepspeed_stages_the_write_back_on_the_host() -> None:
+    """Installed DeepSpeed 0.19.8 (after #7309) copies the fp32 partition into a 16-bit host buffer
+    and only that buffer goes to the GPU, which is why the default release prices no GPU copy."""
+    import inspect
+
+    stage_1_and_2 = require_module("deepspeed.runtime.zero.stage_1_and_2")
+    step = inspect.getsource(stage_1_and_2.DeepSpeedZeroOptimizer.step)
+    assert "bit16_partition_buffer.data.copy_(fp32_partition.data)" in step
+    assert "fp32_partition.to(" not in step

@@ -43,9 +43,22 @@ PHASE_TERMS = {
         "transient",
         "overhead",
     ),
-    "optimizer_step": ("parameters", "step_gradients", "optimizer_states", "buffers", "step_overhead"),
+    "optimizer_step": (
+        "parameters",
+        "step_gradients",
+        "optimizer_states",
+        "step_buffers",
+        "step_temporary",
+        "step_overhead",
+    ),
 }
-TERM_NAMES = {"backward_gradients": "gradients", "step_gradients": "gradients", "step_overhead": "overhead"}
+TERM_NAMES = {
+    "backward_gradients": "gradients",
+    "step_gradients": "gradients",
+    "step_buffers": "buffers",
+    "step_temporary": "transient",
+    "step_overhead": "overhead",
+}
 
 
 @dataclass(frozen=True)

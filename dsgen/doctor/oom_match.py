@@ -11,17 +11,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dsgen.deepspeed_release import release_key
 from dsgen.doctor.oom_message import OomMessage
+from dsgen.estimate.memory import writes_back_through_gpu
 from dsgen.solver import Evaluation, gib
 from dsgen.spec.types import Spec
+from dsgen.units import FP32
 
-FP32 = 4
-#: ZeRO-1/2 with CPU optimizer offload, DeepSpeed 0.14.1 (#5301) up to 0.17.0 (#7309, which stages
-#: through a 16-bit host buffer instead): ``step()`` writes the updated weights back through
-#: ``fp32_partition.to(device)``, an fp32 copy of the rank's partition on the GPU. The memory model
-#: does not price it (docs/memory-model.md, "What is not modelled yet"); a message can name it.
-OFFLOAD_WRITE_BACK_COPY: tuple[tuple[int, ...], tuple[int, ...]] = ((0, 14, 1), (0, 17, 0))
 TOLERANCE = 0.12  # relative: sizes in messages are rounded to two decimals of a unit
 EXPANDABLE = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
 
@@ -98,17 +93,16 @@ def allocations(spec: Spec, evaluation: Evaluation) -> list[Allocation]:
 def _offloaded_partition(release: str, size: int) -> Allocation:
     """An fp32 partition on the GPU of a ZeRO-1/2 plan that offloads its optimizer: the write-back
     copy of the releases that make one, else a sign that the optimizer is not offloaded."""
-    since, until = OFFLOAD_WRITE_BACK_COPY
-    if since <= release_key(release) < until:
+    if writes_back_through_gpu(release):
         what = (
             f"the fp32 copy of the rank's partition DeepSpeed {release} makes on the GPU to write the updated "
             "weights back (ZeRO-1/2 CPU offload, 0.14.1 to 0.16.x; 0.17.0 stages it on the host)"
         )
-    else:
-        what = (
-            "one fp32 optimizer partition, which CPU offload keeps on the host: check that the config's "
-            "offload_optimizer block reaches DeepSpeed"
-        )
+        return Allocation(what, "optimizer step", "step_temporary", size)
+    what = (
+        "one fp32 optimizer partition, which CPU offload keeps on the host: check that the config's "
+        "offload_optimizer block reaches DeepSpeed"
+    )
     return Allocation(what, "optimizer step", "optimizer_states", size)
 
 

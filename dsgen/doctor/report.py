@@ -133,8 +133,8 @@ def human(d: Diagnosis) -> str:
             "gradients": gpu.step_gradients,
             "optimizer_states": gpu.optimizer_states,
             "activations": 0,
-            "buffers": gpu.buffers,
-            "transient": 0,
+            "buffers": gpu.step_buffers,
+            "transient": gpu.step_temporary,
             "overhead": gpu.step_overhead,
         }
         fb_values = {**{t: int(getattr(gpu, t)) for t in GPU_TERMS}, "gradients": gpu.backward_gradients}

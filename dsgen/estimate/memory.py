@@ -19,7 +19,7 @@ from dsgen.estimate.optimizers import step_temporary_bytes
 from dsgen.estimate.sequence_parallel import long_context_memory
 from dsgen.plan import Plan
 from dsgen.spec.types import Hardware, Optimizer, Training
-from dsgen.units import GIB
+from dsgen.units import FP32, GIB
 from dsgen.vocabulary import ACCOUNTINGS, Accounting, StepPhase
 
 # Fixed allowances (see docs/memory-model.md, "Overheads").
@@ -50,6 +50,10 @@ class GpuMemory:
     backward_gradients: int  # gradient memory while forward/backward run
     step_gradients: int  # the optimizer step's hand-off: fp32 gradients formed beside the 16-bit ones
     step_overhead: int = 0  # fixed allowances only: no activation-proportional slack in the step
+    # the buffers still allocated while the optimizer steps: ZeRO-3's (its reduce bucket lives from
+    # the engine's start); none of ZeRO-1/2's, whose reduce buckets are released when backward ends
+    # (``independent_gradient_partition_epilogue`` -> ``_release_ipg_buffers``), nor Ulysses' staging
+    step_buffers: int = 0
     step_temporary: int = 0  # the optimizer's own working tensors while it steps (torch foreach)
     # the GPU while the first whole-layer-checkpointed layer runs forward (model states, ZeRO's
     # buffers, the layer's input and working set, the allowances); 0 without whole-layer
@@ -81,7 +85,7 @@ class GpuMemory:
             self.parameters
             + self.step_gradients
             + self.optimizer_states
-            + self.buffers
+            + self.step_buffers
             + self.step_temporary
             + self.step_overhead
         )
@@ -148,12 +152,33 @@ def buffer_bytes(shape: ModelShape, plan: Plan) -> int:
     return reduce + gathered + secondary
 
 
-def optimizer_step_temporary(states: ModelStates, plan: Plan, optimizer: Optimizer) -> int:
+#: ZeRO-1/2 with CPU optimizer offload, from deepspeedai/DeepSpeed#5301 (0.14.1) until #7309
+#: (0.17.0, which stages through a 16-bit host buffer instead): ``DeepSpeedZeroOptimizer.step``
+#: writes the updated weights back with ``bit16_partitions[partition_id].data.copy_(
+#: fp32_partition.to(get_accelerator().current_device_name()).data)``, an fp32 copy of the rank's
+#: partition on the GPU (read in ``stage_1_and_2.py`` at v0.14.0, v0.14.1, v0.16.9 and v0.17.0).
+#: The range is half-open: [first release with the copy, first release without it).
+OFFLOAD_WRITE_BACK_COPY: tuple[tuple[int, ...], tuple[int, ...]] = ((0, 14, 1), (0, 17, 0))
+
+
+def writes_back_through_gpu(deepspeed_version: str) -> bool:
+    """Whether this release's ZeRO-1/2 CPU offload writes the weights back through a GPU fp32 copy."""
+    since, until = OFFLOAD_WRITE_BACK_COPY
+    return since <= release_key(deepspeed_version) < until
+
+
+def offload_write_back_copy(plan: Plan, deepspeed_version: str) -> bool:
+    """Whether this plan's optimizer step makes that copy (ZeRO-1/2, optimizer offloaded to the CPU)."""
+    return plan.zero_stage in (1, 2) and plan.offload_optimizer == "cpu" and writes_back_through_gpu(deepspeed_version)
+
+
+def optimizer_step_temporary(states: ModelStates, plan: Plan, optimizer: Optimizer, deepspeed_version: str) -> int:
     """GPU bytes the optimizer's step allocates beyond its states (optimizers.step_temporary_bytes)
     over what DeepSpeed hands it at once (``Partitioning.stepped``). Offloaded optimizers step on
-    the host with DeepSpeedCPUAdam (a client optimizer is never offloaded)."""
+    the host with DeepSpeedCPUAdam (a client optimizer is never offloaded); on the releases of
+    :data:`OFFLOAD_WRITE_BACK_COPY` the updated fp32 partition then comes back through the GPU."""
     if plan.offload_optimizer != "none":
-        return 0
+        return FP32 * states.partitioning.stepped if offload_write_back_copy(plan, deepspeed_version) else 0
     return step_temporary_bytes(optimizer, states.partitioning.stepped)
 
 
@@ -319,7 +344,8 @@ def estimate_memory(
         backward_gradients=states.backward_gradients,
         step_gradients=states.step_gradients,
         step_overhead=fixed,
-        step_temporary=optimizer_step_temporary(states, plan, training.optimizer),
+        step_buffers=zero_buffers if plan.zero_stage == 3 else 0,
+        step_temporary=optimizer_step_temporary(states, plan, training.optimizer, training.deepspeed_version),
         first_layer_forward=first_layer_forward,
     )
     cpu = HostMemory(
