@@ -172,7 +172,7 @@ constraints:
 
 def prepare(config_json: Path, case: Case) -> dict[str, Any]:
     """Solve and render the case with dsgen; return the DeepSpeed config and dsgen's prediction."""
-    from dsgen.estimate.memory import host_bytes
+    from dsgen.estimate.memory import buffer_bytes, host_bytes, step_buffer_bytes
     from dsgen.estimate.model_states import model_states
     from dsgen.render import render
     from dsgen.solver import solve
@@ -194,6 +194,9 @@ def prepare(config_json: Path, case: Case) -> dict[str, Any]:
     optimizer = spec.training.optimizer.type
     record = model_states(spec.model, plan, optimizer)
     host = host_bytes(record, plan, spec.hardware, spec.training.deepspeed_version)[1] // spec.hardware.gpus_per_node
+    # DeepSpeed's CPU accelerator pins nothing (cpu_accelerator.py ``pin_memory`` is a no-op), so the
+    # pinned blocks' power-of-two rounding a GPU host pays is not in what this bench can measure
+    host -= record.pinned_rounding
     return {
         "config": render(spec, plan).config,
         "predicted": {
@@ -204,6 +207,8 @@ def prepare(config_json: Path, case: Case) -> dict[str, Any]:
             "host_full": record.offloaded_optimizer,
             "gradients_backward": record.backward_gradients,
             "gradients_step": record.step_gradients,
+            "buffers_backward": buffer_bytes(spec.model, plan),
+            "buffers_step": step_buffer_bytes(spec.model, plan),
         },
         "parameter_count": spec.model.parameter_count(),
         "note": note,
@@ -250,6 +255,7 @@ def run_model(model: str, cases: list[Case], workdir: Path, steps: int = STEPS) 
         measured = {key: max(r["measured"][key] for r in per_rank) for key in per_rank[0]["measured"]}
         for phase in ("backward", "step"):
             measured[f"gradients_{phase}"] = max(r["gradients_by_phase"][phase] for r in per_rank)
+            measured[f"buffers_{phase}"] = max(r["buffers_by_phase"][phase] for r in per_rank)
         rows.append(
             {
                 "model": model,
@@ -308,6 +314,8 @@ def report(rows: list[dict[str, Any]]) -> float:
         print(f"{row['model']:<11} {row['case']:<19}" + "".join(cells))
     print()
     print("not compared (MiB per rank): reduce-bucket buffers, other live tensors; gradients by phase")
+    print("and the buffers at backward's and at the step's probes (dsgen.estimate.memory.buffer_bytes and")
+    print("step_buffer_bytes: reduce buckets, ZeRO-3's gathered parameters)")
     print("(ModelStates.backward_gradients and .step_gradients, predicted / measured); for offload, host split into")
     print("states (master, moments, fp32 grads) + 16-bit staging buffers, and the full host prediction")
     print("of ModelStates.offloaded_optimizer:")
@@ -317,6 +325,10 @@ def report(rows: list[dict[str, Any]]) -> float:
         for phase in ("backward", "step"):
             pred, meas = p[f"gradients_{phase}"], m[f"gradients_{phase}"]
             line += f"  grads {phase} {mib(pred)} /{mib(meas)} ({relative_error(pred, meas):+.2%})"
+        line += (
+            f"\n  {'':<31} buffers in backward {mib(p['buffers_backward'])} /{mib(m['buffers_backward'])}"
+            f"  in the step (GpuMemory.step_buffers) {mib(p['buffers_step'])} /{mib(m['buffers_step'])}"
+        )
         if row["offload"]:
             full = row["predicted"]["host_full"]
             host = m["host_states"] + m["host_buffers"]
@@ -558,6 +570,7 @@ def run_case(case: dict[str, Any], hf_config: Path, rank: int) -> dict[str, Any]
     opt, basic = engine.optimizer, engine.basic_optimizer
     peak = dict.fromkeys((*CATEGORIES, "other"), 0)
     phase_gradients = {"backward": 0, "step": 0}  # end of backward (activations may live) / step
+    phase_buffers = {"backward": 0, "step": 0}
     timing = {"init": time.monotonic() - started, "probes": 0.0}
 
     def probe(phase: str, sweep: bool = False) -> None:
@@ -566,6 +579,8 @@ def run_case(case: dict[str, Any], hf_config: Path, rank: int) -> dict[str, Any]
             peak[key] = max(peak[key], value)
             if key == "gradients":
                 phase_gradients[phase] = max(phase_gradients[phase], value)
+            if key == "buffers":
+                phase_buffers[phase] = max(phase_buffers[phase], value)
         timing["probes"] += time.monotonic() - t0
 
     # Right after the inner optimizer's step returns (still inside DeepSpeed's step): the master
@@ -622,6 +637,7 @@ def run_case(case: dict[str, Any], hf_config: Path, rank: int) -> dict[str, Any]
     result = {
         "measured": peak,
         "gradients_by_phase": phase_gradients,
+        "buffers_by_phase": phase_buffers,
         "timing": timing,
         "optimizer": type(basic).__name__,
         "wrapper": type(opt).__name__,

@@ -19,7 +19,7 @@ most published runs in its band had. Which runs count is the one thing a predict
 runs whose samples are packed to the full length and whose allocator grows segments
 (``training.packed_samples``; dsgen's launch scripts set ``expandable_segments``) are read against
 the long-context corpus, where 12 of the 14 runs between the line and capacity fit; every other
-run against the fit corpus, where 6 of 7 ran out.
+run against the fit corpus, where all 6 ran out.
 
 :data:`BANDS` holds the outcomes of the published runs in each band, as ``bench/fit_accuracy.py``
 prints them (its ``calibration`` lines); ``tests/test_verdict.py`` re-derives them from the corpus
@@ -79,12 +79,12 @@ class Band:
 
 
 #: Calibration on the 47 published runs of bench/data/fit_outcomes.yaml that the doctor does not
-#: call host-oom (bench/fit_accuracy.py, "calibration" lines): one run of 32 below the line ran out
-#: of GPU memory, 6 of 7 between the line and capacity, 7 of 8 above capacity.
+#: call host-oom (bench/fit_accuracy.py, "calibration" lines): two runs of 34 below the line ran out
+#: of GPU memory, all 6 between the line and capacity, 6 of 7 above capacity.
 BANDS: tuple[Band, ...] = (
-    Band("fits", 0.0, SAFE_LINE, runs=32, gpu_oom=1),
-    Band("tight", SAFE_LINE, 1.0, runs=7, gpu_oom=6),
-    Band("oom", 1.0, float("inf"), runs=8, gpu_oom=7),
+    Band("fits", 0.0, SAFE_LINE, runs=34, gpu_oom=2),
+    Band("tight", SAFE_LINE, 1.0, runs=6, gpu_oom=6),
+    Band("oom", 1.0, float("inf"), runs=7, gpu_oom=6),
 )
 
 
@@ -106,7 +106,7 @@ LONG_CONTEXT_BANDS: tuple[Band, ...] = (
 #: The same bands on the published runs held out from that calibration (bench/data/fit_heldout.yaml
 #: and the blind fit_heldout_strict.yaml and fit_heldout_blind3.yaml; bench/fit_accuracy.py --corpus
 #: <name> prints each file's "calibration" lines, these are their sums). Between the safe line and
-#: capacity 4 of those 10 runs ran out, against 6 of 7 in the calibration corpus: a ``tight`` verdict
+#: capacity 4 of those 10 runs ran out, against 6 of 6 in the calibration corpus: a ``tight`` verdict
 #: states both, so the user reads the uncertainty the evidence has, not the calibration corpus's alone.
 _HELD_OUT = {"runs_are": "held-out published runs", "corpus": "bench/data/fit_heldout*.yaml"}
 HELD_OUT_BANDS: tuple[Band, ...] = (

@@ -26,7 +26,7 @@ from dsgen.estimate.model_states import model_states, pinned
 from dsgen.plan import Plan, ZeroKnobs
 from dsgen.spec.loader import load_spec_text
 from dsgen.spec.types import Spec
-from tests.conftest import EXAMPLES_DIR
+from tests.conftest import EXAMPLES_DIR, require_module
 from tests.test_model_states import ODD  # one llama layer: h = 3, one head of 3, f = 5, V = 7, untied; 132 parameters
 
 # ---- shared inputs ---------------------------------------------------------------------------
@@ -148,10 +148,17 @@ def test_llama_8b_buffer_worked_values() -> None:
     assert buffer_bytes(shape, _plan(3, knobs=ZeroKnobs(prefetch_bucket_size=500_000_000))) == 2_436_224_000
 
 
-def test_reduce_bucket_is_capped_by_the_model_size() -> None:
-    # the odd model has 132 parameters, fewer than the 5e8-element bucket: w * min(5e8, 132)
-    assert buffer_bytes(ODD, _plan(2)) == 2 * 132
-    assert buffer_bytes(ODD, _plan(2, knobs=ZeroKnobs(overlap_comm=True))) == 2 * 2 * 132
+def test_reduce_bucket_is_allocated_whole_for_a_small_model() -> None:
+    """The odd model has 132 parameters, far fewer than the 5e8-element bucket, and DeepSpeed still
+    allocates all of it (bench/model_state_accuracy.py measures 2 x 1e7 x 2 B of ZeRO-2 buckets for
+    a 5M-parameter model): the installed DeepSpeed sizes the buffer by the knob alone."""
+    import inspect
+
+    assert buffer_bytes(ODD, _plan(2)) == 2 * 500_000_000
+    assert buffer_bytes(ODD, _plan(2, knobs=ZeroKnobs(overlap_comm=True))) == 2 * 2 * 500_000_000
+    stage_1_and_2 = require_module("deepspeed.runtime.zero.stage_1_and_2")
+    setup = inspect.getsource(stage_1_and_2.DeepSpeedZeroOptimizer.setup_buckets)
+    assert "torch.empty(int(self.reduce_bucket_size)" in setup
 
 
 # ---- 2. transient --------------------------------------------------------------------------------

@@ -50,10 +50,7 @@ class GpuMemory:
     backward_gradients: int  # gradient memory while forward/backward run
     step_gradients: int  # the optimizer step's hand-off: fp32 gradients formed beside the 16-bit ones
     step_overhead: int = 0  # fixed allowances only: no activation-proportional slack in the step
-    # the buffers still allocated while the optimizer steps: ZeRO-3's (its reduce bucket lives from
-    # the engine's start); none of ZeRO-1/2's, whose reduce buckets are released when backward ends
-    # (``independent_gradient_partition_epilogue`` -> ``_release_ipg_buffers``), nor Ulysses' staging
-    step_buffers: int = 0
+    step_buffers: int = 0  # the buffers still allocated while the optimizer steps (step_buffer_bytes)
     step_temporary: int = 0  # the optimizer's own working tensors while it steps (torch foreach)
     # the GPU while the first whole-layer-checkpointed layer runs forward (model states, ZeRO's
     # buffers, the layer's input and working set, the allowances); 0 without whole-layer
@@ -136,20 +133,45 @@ class MemoryEstimate:
 
 def buffer_bytes(shape: ModelShape, plan: Plan) -> int:
     """DeepSpeed's communication buffers and ZeRO-3's gathered parameters on one GPU."""
+    return _reduce_bucket_bytes(shape, plan) + _gathered_bytes(shape, plan) + _hpz_secondary_bytes(shape, plan)
+
+
+def step_buffer_bytes(shape: ModelShape, plan: Plan) -> int:
+    """The part of :func:`buffer_bytes` still allocated while the optimizer steps. ZeRO-3's step
+    first releases every gathered parameter (``stage3.py`` ``step`` -> ``_partition_all_parameters``),
+    but its reduce bucket and hpZ's secondary partition live from the engine's start. ZeRO-1/2
+    release their reduce buckets when backward ends (``stage_1_and_2.py``
+    ``independent_gradient_partition_epilogue`` -> ``_release_ipg_buffers``)."""
+    if plan.zero_stage < 3:
+        return 0
+    return _reduce_bucket_bytes(shape, plan) + _hpz_secondary_bytes(shape, plan)
+
+
+def _reduce_bucket_bytes(shape: ModelShape, plan: Plan) -> int:
     if plan.zero_stage == 0:
         return 0
-    w = plan.dtype_bytes
     k = plan.knobs
-    # ZeRO-1/2 double the reduce bucket with overlap_comm; ZeRO-3 keeps one (measured).
+    # ZeRO-1/2 double the reduce bucket with overlap_comm; ZeRO-3 keeps one (measured). Each is
+    # allocated whole, however small the model: ``torch.empty(int(self.reduce_bucket_size), ...)``
+    # (stage_1_and_2.py ``setup_buckets``, stage3.py; bench/model_state_accuracy.py measures it).
     copies = 2 if k.overlap_comm and plan.zero_stage < 3 else 1
-    reduce = copies * w * min(k.reduce_bucket_size, shape.parameter_count())
+    return copies * plan.dtype_bytes * k.reduce_bucket_size
+
+
+def _gathered_bytes(shape: ModelShape, plan: Plan) -> int:
     if plan.zero_stage < 3:
-        return reduce
+        return 0
+    k = plan.knobs
     live = min(k.max_live_parameters, shape.layer_gather_parameters() + k.prefetch_bucket_size)
-    gathered = w * max(shape.largest_gathered_parameters(), live)  # an MoE block is a leaf: gathered whole
-    # ZeRO++ hpZ keeps a secondary copy of the parameters partitioned within the node only.
-    secondary = w * -(-shape.parameter_count() // k.hpz_partition_size) if k.hpz_partition_size > 1 else 0
-    return reduce + gathered + secondary
+    return plan.dtype_bytes * max(shape.largest_gathered_parameters(), live)  # an MoE block is a leaf: gathered whole
+
+
+def _hpz_secondary_bytes(shape: ModelShape, plan: Plan) -> int:
+    """ZeRO++ hpZ keeps a secondary copy of the parameters partitioned within the node only."""
+    k = plan.knobs
+    if plan.zero_stage < 3 or k.hpz_partition_size <= 1:
+        return 0
+    return plan.dtype_bytes * -(-shape.parameter_count() // k.hpz_partition_size)
 
 
 #: ZeRO-1/2 with CPU optimizer offload, from deepspeedai/DeepSpeed#5301 (0.14.1) until #7309
@@ -344,7 +366,7 @@ def estimate_memory(
         backward_gradients=states.backward_gradients,
         step_gradients=states.step_gradients,
         step_overhead=fixed,
-        step_buffers=zero_buffers if plan.zero_stage == 3 else 0,
+        step_buffers=step_buffer_bytes(shape, plan),
         step_temporary=optimizer_step_temporary(states, plan, training.optimizer, training.deepspeed_version),
         first_layer_forward=first_layer_forward,
     )
