@@ -38,7 +38,7 @@ def _outcome_specs() -> ModuleType:
 
 
 #: The held-out fit files collected blind (every case says whether its inputs were all stated).
-BLIND_FIT_SETS = ("fit_heldout_strict", "fit_heldout_blind3")
+BLIND_FIT_SETS = ("fit_heldout_strict", "fit_heldout_blind3", "fit_heldout_blind4")
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +54,7 @@ def specs() -> ModuleType:
         "fit_heldout",
         "fit_heldout_strict",
         "fit_heldout_blind3",
+        "fit_heldout_blind4",
         "throughput_heldout",
     ],
 )

@@ -65,9 +65,9 @@ def test_bands_are_the_corpus_outcomes_of_the_doctors_own_predictions() -> None:
 
 
 def test_held_out_bands_are_the_held_out_outcomes_of_the_doctors_own_predictions() -> None:
-    """HELD_OUT_BANDS re-derived from the three held-out fit files the way BANDS is from the calibration
+    """HELD_OUT_BANDS re-derived from the four held-out fit files the way BANDS is from the calibration
     corpus; a tight verdict states both sentences."""
-    counts = _doctor_band_counts("fit_heldout", "fit_heldout_strict", "fit_heldout_blind3")
+    counts = _doctor_band_counts("fit_heldout", "fit_heldout_strict", "fit_heldout_blind3", "fit_heldout_blind4")
     assert counts == {band.verdict: [band.runs, band.gpu_oom] for band in HELD_OUT_BANDS}
     tight = classify(95, 100, host_ok=True)
     assert tight.evidence is not None and "held-out published runs" in tight.evidence
