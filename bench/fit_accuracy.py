@@ -224,6 +224,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def in_band(fill: float, low: float, high: float) -> bool:
+    """Whether a fill lies in ``(low, high]``; the lowest band also takes a fill of 0."""
+    return low < fill <= high or (low == 0 and fill <= high)
+
+
 FILL_EDGES = (0.0, 0.5, 0.7, 0.8, 0.9, 1.0, 1.1, 1.3, float("inf"))
 
 
@@ -235,7 +240,7 @@ def outcomes_by_fill(rows: list[DoctorRow]) -> None:
     gpu = [row for row in rows if row.verdict != "host-oom" and row.outcome != "host_oom"]
     print("outcomes by dsgen doctor's predicted GPU fill (runs called or ending host-oom left out):")
     for low, high in itertools.pairwise(FILL_EDGES):
-        inside = [row for row in gpu if low < row.fill <= high or (low == 0 and row.fill <= high)]
+        inside = [row for row in gpu if in_band(row.fill, low, high)]
         ooms = sum(row.outcome == "oom" for row in inside)
         upper = "inf" if high == float("inf") else f"{high:.0%}"
         print(f"  ({low:.0%}, {upper}]: {len(inside):3} runs, {ooms:3} ran out of GPU memory")
@@ -454,7 +459,7 @@ def doctor_verdicts(cases: list[dict[str, Any]], corpus: dict[str, Any]) -> list
     print(f"calibration: safe line {SAFE_LINE:.0%} of GPU capacity (1 - the default memory_headroom)")
     gpu_rows = [row for row in rows if row.verdict != "host-oom"]
     for band in BANDS:
-        inside = [r for r in gpu_rows if band.low < r.fill <= band.high or (band.low == 0 and r.fill <= band.high)]
+        inside = [r for r in gpu_rows if in_band(r.fill, band.low, band.high)]
         ooms = sum(r.outcome == "oom" for r in inside)
         high = "inf" if band.high == float("inf") else f"{band.high:.0%}"
         print(

@@ -23,6 +23,7 @@ from dsgen.doctor.oom_message import OomMessage, parse_oom
 from dsgen.doctor.parallelism import accelerate_data_parallel_size, sp_disagreement, trainer_sp_size
 from dsgen.errors import DsgenError, ExitCode
 from dsgen.estimate.kernel_limits import KERNEL_LIMIT_HINT
+from dsgen.estimate.memory import GpuMemory
 from dsgen.estimate.sequence_parallel import sp_violation
 from dsgen.long_context import TRICKS
 from dsgen.plan import Plan
@@ -192,13 +193,18 @@ def _tricks_assumed(spec: Spec, plan: Plan) -> list[DoctorFinding]:
     ]
 
 
+def phase_terms(gpu: GpuMemory, phase: StepPhase) -> dict[str, int]:
+    """The terms one phase sums, by the names the reports print (``step_gradients`` as ``gradients``)."""
+    return {TERM_NAMES.get(name, name): int(getattr(gpu, name)) for name in PHASE_TERMS[phase]}
+
+
 def _dominant(evaluation: Evaluation) -> Dominant:
     gpu = evaluation.memory.gpu
     phase = gpu.peak_phase
-    terms = {name: int(getattr(gpu, name)) for name in PHASE_TERMS[phase]}
+    terms = phase_terms(gpu, phase)
     name = max(terms, key=lambda t: terms[t])
     total = gpu.forward_backward if phase == "forward_backward" else gpu.optimizer_step
-    return Dominant(phase, TERM_NAMES.get(name, name), terms[name], terms[name] / total if total else 0.0)
+    return Dominant(phase, name, terms[name], terms[name] / total if total else 0.0)
 
 
 def _run_validator(config: dict[str, Any], resolved: Resolved, parallel: Parallel, deepspeed_version: str) -> Report:

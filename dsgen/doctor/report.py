@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dsgen.doctor.diagnose import Diagnosis
+from dsgen.doctor.diagnose import Diagnosis, phase_terms
 from dsgen.doctor.fixes import current_value
 from dsgen.plan import plan_dict
 from dsgen.report import GPU_TERMS, PHASE_LABELS, host_lines, memory_dict
@@ -128,18 +128,9 @@ def human(d: Diagnosis) -> str:
         lines.append("")
         lines.append(f"GPU memory per rank (capacity {gib(gpu.capacity)}, usable {gib(e.usable_gpu_bytes)}):")
         lines.append(f"  {'term':<17} {'fwd/bwd':>10} {'opt step':>10}")
-        step_values = {
-            "parameters": gpu.parameters,
-            "gradients": gpu.step_gradients,
-            "optimizer_states": gpu.optimizer_states,
-            "activations": 0,
-            "buffers": gpu.step_buffers,
-            "transient": gpu.step_temporary,
-            "overhead": gpu.step_overhead,
-        }
-        fb_values = {**{t: int(getattr(gpu, t)) for t in GPU_TERMS}, "gradients": gpu.backward_gradients}
+        fb_values, step_values = (phase_terms(gpu, phase) for phase in ("forward_backward", "optimizer_step"))
         for term in GPU_TERMS:
-            lines.append(f"  {term:<17} {gib(fb_values[term]):>10} {gib(step_values[term]):>10}")
+            lines.append(f"  {term:<17} {gib(fb_values.get(term, 0)):>10} {gib(step_values.get(term, 0)):>10}")
         lines.append(f"  {'total':<17} {gib(gpu.forward_backward):>10} {gib(gpu.optimizer_step):>10}")
         if d.dominant is not None:
             lines.append(

@@ -133,7 +133,7 @@ class MemoryEstimate:
 
 def buffer_bytes(shape: ModelShape, plan: Plan) -> int:
     """DeepSpeed's communication buffers and ZeRO-3's gathered parameters on one GPU."""
-    return _reduce_bucket_bytes(shape, plan) + _gathered_bytes(shape, plan) + _hpz_secondary_bytes(shape, plan)
+    return _reduce_bucket_bytes(plan) + _gathered_bytes(shape, plan) + _hpz_secondary_bytes(shape, plan)
 
 
 def step_buffer_bytes(shape: ModelShape, plan: Plan) -> int:
@@ -144,10 +144,10 @@ def step_buffer_bytes(shape: ModelShape, plan: Plan) -> int:
     ``independent_gradient_partition_epilogue`` -> ``_release_ipg_buffers``)."""
     if plan.zero_stage < 3:
         return 0
-    return _reduce_bucket_bytes(shape, plan) + _hpz_secondary_bytes(shape, plan)
+    return _reduce_bucket_bytes(plan) + _hpz_secondary_bytes(shape, plan)
 
 
-def _reduce_bucket_bytes(shape: ModelShape, plan: Plan) -> int:
+def _reduce_bucket_bytes(plan: Plan) -> int:
     if plan.zero_stage == 0:
         return 0
     k = plan.knobs
