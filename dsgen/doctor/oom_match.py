@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 from dsgen.doctor.oom_message import OomMessage
-from dsgen.estimate.memory import writes_back_through_gpu
+from dsgen.estimate.memory import one_reduce_bucket_bytes, writes_back_through_gpu
 from dsgen.solver import Evaluation, gib
 from dsgen.spec.types import Spec
 from dsgen.units import FP32
@@ -72,7 +72,7 @@ def allocations(spec: Spec, evaluation: Evaluation) -> list[Allocation]:
         )
     )
     if plan.zero_stage >= 1:
-        found.append(Allocation("one reduce bucket", "backward", "buffers", w * min(plan.knobs.reduce_bucket_size, p)))
+        found.append(Allocation("one reduce bucket", "backward", "buffers", one_reduce_bucket_bytes(plan)))
     if plan.zero_stage == 3:
         found.append(
             Allocation(

@@ -147,15 +147,17 @@ def step_buffer_bytes(shape: ModelShape, plan: Plan) -> int:
     return _reduce_bucket_bytes(plan) + _hpz_secondary_bytes(shape, plan)
 
 
+def one_reduce_bucket_bytes(plan: Plan) -> int:
+    """One ZeRO reduce bucket, allocated whole however small the model:
+    ``torch.empty(int(self.reduce_bucket_size), ...)`` (stage_1_and_2.py ``setup_buckets``,
+    stage3.py; bench/model_state_accuracy.py measures it)."""
+    return 0 if plan.zero_stage == 0 else plan.dtype_bytes * plan.knobs.reduce_bucket_size
+
+
 def _reduce_bucket_bytes(plan: Plan) -> int:
-    if plan.zero_stage == 0:
-        return 0
-    k = plan.knobs
-    # ZeRO-1/2 double the reduce bucket with overlap_comm; ZeRO-3 keeps one (measured). Each is
-    # allocated whole, however small the model: ``torch.empty(int(self.reduce_bucket_size), ...)``
-    # (stage_1_and_2.py ``setup_buckets``, stage3.py; bench/model_state_accuracy.py measures it).
-    copies = 2 if k.overlap_comm and plan.zero_stage < 3 else 1
-    return copies * plan.dtype_bytes * k.reduce_bucket_size
+    # ZeRO-1/2 double the reduce bucket with overlap_comm; ZeRO-3 keeps one (measured).
+    copies = 2 if plan.knobs.overlap_comm and plan.zero_stage < 3 else 1
+    return copies * one_reduce_bucket_bytes(plan)
 
 
 def _gathered_bytes(shape: ModelShape, plan: Plan) -> int:
