@@ -57,7 +57,10 @@ def _loaded(args: list[str], cwd: Path) -> tuple[int, set[str]]:
 @pytest.mark.parametrize(
     ("args", "never"),
     [
-        (["solve", SPEC, "--json"], {"jinja2", "dsgen.sweep", "dsgen.sweep_output", "dsgen.name_template", "dsgen.render"}),
+        (
+            ["solve", SPEC, "--json"],
+            {"jinja2", "dsgen.sweep", "dsgen.sweep_output", "dsgen.name_template", "dsgen.render"},
+        ),
         (["explain", SPEC], {"jinja2", "dsgen.sweep", "dsgen.name_template", "dsgen.render"}),
         (["presets", "gpus"], {"jinja2", "dsgen.sweep", "dsgen.name_template", "dsgen.solver", "dsgen.render"}),
         (["schema", "spec"], {"jinja2", "dsgen.sweep", "dsgen.name_template", "dsgen.solver", "dsgen.render"}),

@@ -76,7 +76,9 @@ def test_accelerate_launch_turns_sp_on(tmp_path: Path, monkeypatch: pytest.Monke
     assert config.sp_handler.sp_attn_implementation == "sdpa"
 
 
-@pytest.mark.parametrize(("attention", "implementation"), [("flash", "flash_attention_2"), ("flash3", "flash_attention_3")])
+@pytest.mark.parametrize(
+    ("attention", "implementation"), [("flash", "flash_attention_2"), ("flash3", "flash_attention_3")]
+)
 def test_trainer_environment_builds_the_parallelism_config(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, attention: str, implementation: str
 ) -> None:

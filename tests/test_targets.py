@@ -488,9 +488,7 @@ def test_hf_trainer_bundle_trains_two_steps_through_its_launch_script(tmp_path: 
     dest = _write(render_bundle(spec, plan, "hf-trainer"), tmp_path)
     ds_oracle.prebuild_ops(["ShareMemCommBuilder", "FusedAdamBuilder"])
     env = ds_oracle.worker_env()
-    env.update(
-        TRAIN_SCRIPT=str(Path(__file__).resolve().parent / "hf_trainer_script.py"), MASTER_PORT=str(free_port())
-    )
+    env.update(TRAIN_SCRIPT=str(Path(__file__).resolve().parent / "hf_trainer_script.py"), MASTER_PORT=str(free_port()))
     script_args = ["--model-config", str(config), "--max-steps", "2", "--output-dir", str(tmp_path / "out")]
     proc = subprocess.run(
         [str(dest / "launch.sh"), *script_args],

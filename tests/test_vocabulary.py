@@ -55,7 +55,9 @@ def test_validation_rules_use_the_vocabulary() -> None:
     ("pin", "activation_checkpointing", "selective_recompute"),
     [("none", False, False), ("selective", False, True), ("full", True, False)],
 )
-def test_output_contract_checkpointing_booleans(pin: str, activation_checkpointing: bool, selective_recompute: bool) -> None:
+def test_output_contract_checkpointing_booleans(
+    pin: str, activation_checkpointing: bool, selective_recompute: bool
+) -> None:
     """README "Output contract": plan.activation_checkpointing (every layer recomputed) and
     plan.selective_recompute (attention only) stay two booleans."""
     spec = load_spec(EXAMPLES_DIR / "llama-3.1-8b-8xh100.yaml")
