@@ -53,7 +53,7 @@ from outcome_specs import UNKNOWN_HOST_GIB, Priced, doctor_config, doctor_spec, 
 
 from dsgen.deepspeed_release import normalize_release  # noqa: E402
 from dsgen.doctor.diagnose import diagnose  # noqa: E402
-from dsgen.solver import Evaluation  # noqa: E402
+from dsgen.evaluation import Evaluation  # noqa: E402
 from dsgen.spec.defaults import spec_default  # noqa: E402
 from dsgen.verdict import BANDS, SAFE_LINE  # noqa: E402
 

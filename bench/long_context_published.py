@@ -37,7 +37,7 @@ from dsgen.api import frontier_of, load_spec, solve_spec  # noqa: E402
 from dsgen.doctor.diagnose import diagnose  # noqa: E402
 from dsgen.errors import DsgenError  # noqa: E402
 from dsgen.estimate.memory import HOST_RESERVE  # noqa: E402
-from dsgen.solver import Evaluation  # noqa: E402
+from dsgen.evaluation import Evaluation  # noqa: E402
 from dsgen.spec.types import Spec  # noqa: E402
 from dsgen.verdict import LONG_CONTEXT_BANDS, Band, band_of  # noqa: E402
 

@@ -30,8 +30,8 @@ import yaml
 from dsgen.api import load_spec, solve_spec
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.estimate.optimizers import TORCH_OPTIMIZERS
+from dsgen.evaluation import Evaluation, evaluate
 from dsgen.plan import ZeroKnobs
-from dsgen.solver import Evaluation, evaluate
 from dsgen.spec.defaults import spec_default
 from dsgen.spec.types import Spec
 

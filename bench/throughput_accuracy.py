@@ -38,7 +38,8 @@ for entry in (str(REPO), str(REPO / "bench")):
 from outcome_specs import load_corpus, price  # noqa: E402
 
 from dsgen.estimate.throughput import CPU_OFFLOAD_MEASURED_FACTOR, STEP_TIME_TIE_BAND  # noqa: E402
-from dsgen.solver import Evaluation, rank_within_error  # noqa: E402
+from dsgen.evaluation import Evaluation  # noqa: E402
+from dsgen.ranking import rank_within_error  # noqa: E402
 from dsgen.spec.types import Spec  # noqa: E402
 
 # Measured values closer than this (relative) are a tie: within run-to-run noise they order nothing.

@@ -15,7 +15,8 @@ from typing import Literal
 
 from dsgen.errors import DsgenError
 from dsgen.estimate.sequence_parallel import sp_violation
-from dsgen.solver import Evaluation, SolveResult, fits_any, solve
+from dsgen.evaluation import Evaluation
+from dsgen.solver import SolveResult, fits_any, solve
 from dsgen.spec.types import Spec
 
 Over = Literal["sequence_length", "micro_batch_size"]

@@ -12,7 +12,7 @@ from typing import Any
 from dsgen.errors import DsgenError
 from dsgen.frontier import FrontierPoint, Over
 from dsgen.report import evaluation_dict, text_table
-from dsgen.solver import gib
+from dsgen.units import gib
 
 PLOT_SUFFIXES = (".svg", ".png")
 

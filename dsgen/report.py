@@ -6,13 +6,14 @@ from typing import Any
 
 from dsgen.estimate.optimizers import client_optimizer_class, is_client_optimizer
 from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
+from dsgen.evaluation import Evaluation
 from dsgen.plan import Plan, plan_dict
-from dsgen.solver import Evaluation, SolveResult, gib
+from dsgen.solver import SolveResult
 from dsgen.spec.defaults import spec_default
 from dsgen.spec.types import Spec
 from dsgen.targets.long_context import attention_note, liger_note, long_context_notes
 from dsgen.text_table import text_table
-from dsgen.units import GIB
+from dsgen.units import GIB, gib
 from dsgen.verdict import SAFE_LINE
 from dsgen.vocabulary import StepPhase
 

@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dsgen.errors import DsgenError, ExitCode, InfeasibleError
+from dsgen.evaluation import Evaluation
 from dsgen.inputs import read_text
 from dsgen.name_template import compile_name_template, render_name
 from dsgen.plan import LONG_CONTEXT_KEYS, checkpointing_flags, long_context_dict, offload_optimizer_ratio
 from dsgen.render import Rendered
 from dsgen.resources import schema_path
-from dsgen.solver import Evaluation, require_feasible, solve
+from dsgen.solver import require_feasible, solve
 from dsgen.spec.loader import spec_from_data
 from dsgen.spec.overrides import set_path
 from dsgen.spec.schema_errors import check_against_schema, show

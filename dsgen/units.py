@@ -5,3 +5,10 @@ from __future__ import annotations
 GIB = 1 << 30  # bytes in a GiB: specs and GPU presets give memory in GiB
 FP32 = 4  # bytes of one fp32 element (master weights, fp32 gradients, Adam moments)
 HALF = 2  # bytes of one bf16/fp16 element (mixed-precision weights and gradients)
+
+
+def gib(value: float) -> str:
+    """A byte count as messages print it: GiB to one decimal, TiB to two from 1 TiB."""
+    if value >= 1024 * GIB:
+        return f"{value / (1024 * GIB):.2f} TiB"
+    return f"{value / GIB:.1f} GiB"

@@ -13,9 +13,10 @@ from dsgen.catalog.presets import get_model
 from dsgen.errors import DsgenError, InfeasibleError
 from dsgen.estimate.kernel_limits import INDEX_LIMIT, kernel_limit
 from dsgen.estimate.layer_backward import _kernel_workspace
+from dsgen.evaluation import evaluate
 from dsgen.frontier import frontier_point
 from dsgen.plan import LongContext, Plan
-from dsgen.solver import evaluate, require_feasible, solve
+from dsgen.solver import require_feasible, solve
 from dsgen.spec.loader import load_spec_text
 
 LLAMA_8B = get_model("llama-3.1-8b")

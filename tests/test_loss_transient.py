@@ -14,7 +14,7 @@ import weakref
 import pytest
 
 from dsgen.api import solve_spec
-from dsgen.solver import evaluate
+from dsgen.evaluation import evaluate
 from dsgen.spec.loader import load_spec_text
 from tests.conftest import EXAMPLES_DIR, require_module
 

@@ -7,7 +7,8 @@ from dataclasses import replace
 from dsgen.api import solve_spec
 from dsgen.doctor.oom_match import read_oom
 from dsgen.doctor.oom_message import parse_oom
-from dsgen.solver import evaluate, require_feasible
+from dsgen.evaluation import evaluate
+from dsgen.solver import require_feasible
 from dsgen.spec.loader import load_spec_text
 from tests.conftest import EXAMPLES_DIR
 

@@ -17,7 +17,7 @@ import pytest
 from dsgen.api import solve_spec
 from dsgen.deepspeed_blocks import optimizer_block
 from dsgen.errors import DsgenError
-from dsgen.solver import evaluate
+from dsgen.evaluation import evaluate
 from dsgen.spec.loader import load_spec_text
 from tests.conftest import EXAMPLES_DIR
 

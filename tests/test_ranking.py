@@ -13,8 +13,10 @@ from dataclasses import replace
 import pytest
 
 from dsgen.estimate.throughput import STEP_TIME_TIE_BAND, StepTime
+from dsgen.evaluation import Evaluation, evaluate
+from dsgen.knob_variants import default_knobs
 from dsgen.plan import Plan
-from dsgen.solver import Evaluation, default_knobs, evaluate, rank_within_error
+from dsgen.ranking import rank_within_error
 from dsgen.spec.loader import load_spec_text
 from tests.conftest import EXAMPLES_DIR
 

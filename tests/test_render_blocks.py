@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from dsgen.api import render_plan, solve_spec
-from dsgen.solver import Evaluation, require_feasible
+from dsgen.evaluation import Evaluation
+from dsgen.solver import require_feasible
 from dsgen.spec.loader import load_spec_text
 from dsgen.spec.types import Spec
 from tests.conftest import EXAMPLES_DIR

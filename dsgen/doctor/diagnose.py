@@ -25,11 +25,13 @@ from dsgen.errors import DsgenError, ExitCode
 from dsgen.estimate.kernel_limits import KERNEL_LIMIT_HINT
 from dsgen.estimate.memory import GpuMemory
 from dsgen.estimate.sequence_parallel import sp_violation
+from dsgen.evaluation import Evaluation, evaluate
 from dsgen.long_context import TRICKS
 from dsgen.plan import Plan
 from dsgen.report import PHASE_LABELS
-from dsgen.solver import Evaluation, evaluate, gib, resolve_precision, solve
+from dsgen.solver import resolve_precision, solve
 from dsgen.spec.types import Spec
+from dsgen.units import gib
 from dsgen.validate import Report, validate_config
 from dsgen.verdict import SAFE_LINE, FitVerdict, invalid
 from dsgen.vocabulary import Checkpointing, StepPhase

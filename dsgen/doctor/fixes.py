@@ -25,8 +25,8 @@ from typing import Any
 from dsgen.doctor.config_to_plan import KNOB_KEYS
 from dsgen.doctor.keys import MISSING, get, is_auto, with_changes
 from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
+from dsgen.evaluation import Evaluation
 from dsgen.plan import Plan, ZeroKnobs
-from dsgen.solver import Evaluation
 from dsgen.spec.types import Spec
 from dsgen.vocabulary import Checkpointing, OffloadDevice
 

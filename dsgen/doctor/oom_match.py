@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from dsgen.doctor.oom_message import OomMessage
 from dsgen.estimate.memory import one_reduce_bucket_bytes, writes_back_through_gpu
-from dsgen.solver import Evaluation, gib
+from dsgen.evaluation import Evaluation
 from dsgen.spec.types import Spec
-from dsgen.units import FP32
+from dsgen.units import FP32, gib
 
 TOLERANCE = 0.12  # relative: sizes in messages are rounded to two decimals of a unit
 EXPANDABLE = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"

@@ -8,7 +8,7 @@ from dsgen.doctor.diagnose import Diagnosis, phase_terms
 from dsgen.doctor.fixes import current_value
 from dsgen.plan import plan_dict
 from dsgen.report import GPU_TERMS, PHASE_LABELS, host_lines, memory_dict
-from dsgen.solver import gib
+from dsgen.units import gib
 
 
 def diagnosis_dict(d: Diagnosis) -> dict[str, Any]:

@@ -55,7 +55,7 @@ class GpuMemory:
     # the GPU while the first whole-layer-checkpointed layer runs forward (model states, ZeRO's
     # buffers, the layer's input and working set, the allowances); 0 without whole-layer
     # checkpointing. Below ``total`` in practice; what it decides is which resource a plan short of
-    # both GPU and host RAM runs out of first (dsgen.solver.Evaluation.fit)
+    # both GPU and host RAM runs out of first (dsgen.evaluation.Evaluation.fit)
     first_layer_forward: int = 0
     _total = None  # cache of ``total``, not a field (no annotation); set with object.__setattr__
 

@@ -37,7 +37,7 @@ ZERO2_HOOK_HOST_S = 13e-6
 
 
 #: Plans whose predicted step times differ by less than this share are ties (the solver's ranking,
-#: dsgen.solver.rank_within_error). It is the step-time model's measured error on the choices the
+#: dsgen.ranking.rank_within_error). It is the step-time model's measured error on the choices the
 #: solver makes: over the 21 measured pairs of bench/data/throughput_outcomes.yaml that differ in
 #: stage, offload, checkpointing, micro-batch or accumulation, the median of |log(predicted ratio /
 #: measured ratio)| is 0.186, a 20 % difference (bench/throughput_accuracy.py prints it as

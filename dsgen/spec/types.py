@@ -114,6 +114,26 @@ class Constraints:
     checkpoint_offload: bool | None = None  # checkpointed layer inputs in host RAM
     seq_parallel_communication_data_type: Precision = spec_default("constraints.seq_parallel_communication_data_type")
 
+    @property
+    def fully_pinned(self) -> bool:
+        """Every classic search dimension pinned: the solver reports exactly this plan."""
+        optimizer_pinned = self.offload_optimizer is not None or self.zero_stage == 0
+        param_pinned = self.offload_param is not None or (self.zero_stage is not None and self.zero_stage < 3)
+        return (
+            self.zero_stage is not None
+            and optimizer_pinned
+            and param_pinned
+            and self.activation_checkpointing is not None
+            and self.micro_batch_size is not None
+        )
+
+    @property
+    def long_context_searchable(self) -> bool:
+        """Whether a long-context search could add plans: something is unpinned, and not every
+        classic dimension is pinned (a fully pinned spec reports exactly its plan)."""
+        unpinned = None in (self.sequence_parallel_size, self.tiled_mlp, self.tiled_loss, self.checkpoint_offload)
+        return unpinned and not self.fully_pinned
+
 
 @dataclass(frozen=True)
 class Output:

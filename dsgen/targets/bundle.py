@@ -128,7 +128,7 @@ def render_bundle(
 
 def plan_request(spec: Spec, plan: Plan, target: str) -> ResourceRequest:
     """The scheduler request for ``plan``, from its own predictions (dsgen's accounting)."""
-    from dsgen.solver import evaluate
+    from dsgen.evaluation import evaluate
 
     evaluation = evaluate(spec, plan)
     return resource_request(spec, target, evaluation.memory.cpu.total, evaluation.step.total_s)
