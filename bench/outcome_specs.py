@@ -5,7 +5,7 @@ through ``constraints`` (stage, both offloads, checkpointing, micro-batch, accum
 ``memory_headroom`` is 0, so ``solve`` reports exactly the plan that ran. Two pricings per run:
 
 * ``dsgen`` - the plan ``solve`` returns, priced with the ZeRO knobs dsgen itself would render;
-* ``run``   - the same plan re-priced (``dsgen.solver.evaluate``) with the knobs the run's own config
+* ``run``   - the same plan re-priced (``dsgen.evaluation.evaluate``) with the knobs the run's own config
   used, DeepSpeed 0.19.8 defaults filled in where the config leaves them out, and the whole
   optimizer offloaded where it was (``offload_optimizer.ratio`` 1.0). dsgen's spec cannot pin knobs
   (bucket sizes, overlap_comm, live parameters, prefetch, sub_group_size) nor the partial-offload
