@@ -127,6 +127,20 @@ MESSAGES = [
         None,
         False,
     ),
+    (
+        "https://github.com/huggingface/trl/issues/3172",
+        "CUDA out of memory. Tried to allocate 130.00 MiB. GPU 0 has a total capacity of 79.10 GiB of which "
+        "12.81 MiB is free. Process 3427 has 0 bytes memory in use. Process 3423 has 0 bytes memory in use. "
+        "Including non-PyTorch memory, this process has 0 bytes memory in use. Of the allocated memory 10.47 GiB "
+        "is allocated by PyTorch, and 93.52 MiB is reserved by PyTorch but unallocated.",
+        "current",
+        130 * MIB,
+        79.10 * GIB,
+        10.47 * GIB,
+        93.52 * MIB,
+        None,  # "0 bytes" beside 10.47 GiB of tensors: the process figure was not available
+        False,
+    ),
 ]
 
 

@@ -72,7 +72,9 @@ def parse_oom(text: str) -> OomMessage:
         free = _find(r"of which " + _SIZE + r" is free", flat)
         allocated = _find(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch", flat)
         unallocated = _find(_SIZE + r" is reserved by PyTorch but unallocated", flat)
-        in_use = _find(r"this process has " + _SIZE + r" memory in use", flat)
+        # PyTorch asks NVML for the process's memory; where NVML cannot see it (in some containers)
+        # the figure reads "0 bytes" beside gigabytes of tensors, which says nothing
+        in_use = _find(r"this process has " + _SIZE + r" memory in use", flat) or None
         return OomMessage("current", tried, gpu_index, capacity, free, allocated, unallocated, in_use)
     if "already allocated" not in flat and not re.search(r"total capacity;", flat):
         # the current wording cut after its first sentence (quoted in a bug report, say)
