@@ -24,16 +24,16 @@ from dataclasses import dataclass
 from dsgen.errors import DsgenError
 
 UNITS = {"b": 1, "bytes": 1, "byte": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-_SIZE = r"(\d+(?:\.\d+)?)\s*(bytes|byte|B|KiB|MiB|GiB|TiB)"
+SIZE = r"(\d+(?:\.\d+)?)\s*(bytes|byte|B|KiB|MiB|GiB|TiB)"
 
 
-def _bytes(number: str, unit: str) -> int:
+def size_bytes(number: str, unit: str) -> int:
     return int(float(number) * UNITS[unit.lower()])
 
 
 def _find(pattern: str, text: str) -> int | None:
     match = re.search(pattern, text, flags=re.IGNORECASE | re.DOTALL)
-    return _bytes(match.group(1), match.group(2)) if match else None
+    return size_bytes(match.group(1), match.group(2)) if match else None
 
 
 @dataclass(frozen=True)
@@ -58,32 +58,32 @@ class OomMessage:
 def parse_oom(text: str) -> OomMessage:
     """Parse an out-of-memory message; a text without ``Tried to allocate`` is bad input (exit 2)."""
     flat = " ".join(text.split())
-    tried_match = re.search(r"Tried to allocate " + _SIZE, flat, flags=re.IGNORECASE)
+    tried_match = re.search(r"Tried to allocate " + SIZE, flat, flags=re.IGNORECASE)
     if not tried_match or "out of memory" not in flat.lower():
         raise DsgenError(
             "--error: not a PyTorch CUDA out-of-memory message (expected 'CUDA out of memory. Tried to allocate ...')",
             hint="paste the whole line that starts with torch.OutOfMemoryError / RuntimeError: CUDA out of memory",
         )
-    tried = _bytes(tried_match.group(1), tried_match.group(2))
+    tried = size_bytes(tried_match.group(1), tried_match.group(2))
     gpu = re.search(r"GPU (\d+)", flat)
     gpu_index = int(gpu.group(1)) if gpu else None
     if re.search(r"total capac\w*ty of", flat, flags=re.IGNORECASE):
-        capacity = _find(r"total capac\w*ty of " + _SIZE, flat)
-        free = _find(r"of which " + _SIZE + r" is free", flat)
-        allocated = _find(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch", flat)
-        unallocated = _find(_SIZE + r" is reserved by PyTorch but unallocated", flat)
+        capacity = _find(r"total capac\w*ty of " + SIZE, flat)
+        free = _find(r"of which " + SIZE + r" is free", flat)
+        allocated = _find(r"Of the allocated memory " + SIZE + r" is allocated by PyTorch", flat)
+        unallocated = _find(SIZE + r" is reserved by PyTorch but unallocated", flat)
         # PyTorch asks NVML for the process's memory; where NVML cannot see it (in some containers)
         # the figure reads "0 bytes" beside gigabytes of tensors, which says nothing
-        in_use = _find(r"this process has " + _SIZE + r" memory in use", flat) or None
+        in_use = _find(r"this process has " + SIZE + r" memory in use", flat) or None
         return OomMessage("current", tried, gpu_index, capacity, free, allocated, unallocated, in_use)
     if "already allocated" not in flat and not re.search(r"total capacity;", flat):
         # the current wording cut after its first sentence (quoted in a bug report, say)
         return OomMessage("current", tried, gpu_index, None, None, None, None, None)
-    capacity = _find(_SIZE + r" total capacity", flat)
-    allocated = _find(_SIZE + r" already allocated", flat)
-    free = _find(_SIZE + r" free", flat)
-    reserved = _find(_SIZE + r" reserved in total by PyTorch", flat)
-    cached = _find(_SIZE + r" cached", flat)
+    capacity = _find(SIZE + r" total capacity", flat)
+    allocated = _find(SIZE + r" already allocated", flat)
+    free = _find(SIZE + r" free", flat)
+    reserved = _find(SIZE + r" reserved in total by PyTorch", flat)
+    cached = _find(SIZE + r" cached", flat)
     if reserved is None and cached is not None:
         # torch <= 1.4 reported only what the cache held beyond live tensors
         return OomMessage("legacy-cached", tried, gpu_index, capacity, free, allocated, cached, None)
