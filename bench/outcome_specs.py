@@ -29,6 +29,7 @@ import yaml
 
 from dsgen.api import load_spec, solve_spec
 from dsgen.catalog.model_shape import ModelShape
+from dsgen.doctor.config_to_plan import pins_offload_by_default
 from dsgen.estimate.optimizers import TORCH_OPTIMIZERS
 from dsgen.evaluation import Evaluation, evaluate
 from dsgen.plan import ZeroKnobs
@@ -189,7 +190,11 @@ def price(case: dict[str, Any], corpus: dict[str, Any]) -> Priced:
     assert chosen is not None, f"{case['id']}: a fully pinned spec always reports its plan"
     # The run offloaded its whole optimizer (DeepSpeed's default offload_optimizer.ratio is 1.0); the
     # solver may have picked a partial-offload share for ZeRO-3, which constraints cannot pin.
-    plan = replace(chosen.plan, knobs=run_knobs(case, corpus, spec.model), offload_ratio=1.0)
+    # pin_memory as the run's config states it, else its release's default (as the doctor reads it)
+    given_pin = _given_knobs(case, corpus).get("offload_pin_memory")
+    pin = given_pin if isinstance(given_pin, bool) else pins_offload_by_default(spec.training.deepspeed_version)
+    knobs = replace(run_knobs(case, corpus, spec.model), pin_optimizer_offload=pin, pin_param_offload=pin)
+    plan = replace(chosen.plan, knobs=knobs, offload_ratio=1.0)
     return Priced(spec=spec, dsgen=chosen, run=evaluate(spec, plan))
 
 

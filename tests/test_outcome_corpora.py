@@ -168,6 +168,40 @@ def test_run_knobs_fill_auto_and_default_as_hf_and_deepspeed_do(specs: ModuleTyp
     assert z2.overlap_comm is False
 
 
+@pytest.mark.parametrize(
+    ("release", "stated", "pinned"), [("0.16", None, False), ("0.19.8", None, True), ("0.16", True, True)]
+)
+def test_run_knobs_pin_offload_as_the_runs_release_does(
+    specs: ModuleType, release: str, stated: bool | None, pinned: bool
+) -> None:
+    """The bench's "run knobs" pricing pins offloaded tensors as the run did: its config's
+    ``pin_memory``, else its release's default (DeepSpeed's ``offload_config.py``: false up to
+    0.19.4, true from 0.19.5, deepspeedai/DeepSpeed#8207), the reading ``dsgen doctor`` makes."""
+    knobs = {} if stated is None else {"offload_pin_memory": stated}
+    case = {
+        "id": "pin",
+        "model": {"preset": "llama-2-7b"},
+        "gpu": "a100-80gb",
+        "gpus_per_node": 8,
+        "nodes": 1,
+        "host_ram_gib": None,
+        "sequence_length": 512,
+        "micro_batch": 1,
+        "grad_accum": 1,
+        "precision": "bf16",
+        "zero_stage": 3,
+        "offload_optimizer": "cpu",
+        "offload_param": "cpu",
+        "activation_checkpointing": True,
+        "optimizer": "adamw",
+        "attention": "sdpa",
+        "knobs": knobs,
+        "deepspeed_version": release,
+    }
+    run = specs.price(case, {"knobs": {}}).run.plan.knobs
+    assert (run.pin_optimizer_offload, run.pin_param_offload) == (pinned, pinned)
+
+
 @pytest.mark.parametrize("name", ["long_context_runs", "long_context_heldout"])
 def test_long_context_runs_are_sourced_and_load_as_pinned_specs(name: str) -> None:
     """bench/data/long_context_runs.yaml and the blind held-out file: every run quoted, with an

@@ -331,7 +331,12 @@ def _pin_memory(zero: Mapping[str, Any], block: str, release: str) -> tuple[bool
     value = get(zero, f"{block}.pin_memory")
     if isinstance(value, bool):
         return value, "config"
-    return release_key(release) >= PINNED_OFFLOAD_DEFAULT_SINCE, "default"
+    return pins_offload_by_default(release), "default"
+
+
+def pins_offload_by_default(release: str) -> bool:
+    """Whether ``release`` pins offloaded tensors when the config does not say (deepspeedai/DeepSpeed#8207)."""
+    return release_key(release) >= PINNED_OFFLOAD_DEFAULT_SINCE
 
 
 def _src(zero: Mapping[str, Any], key: str) -> str:
