@@ -104,16 +104,16 @@ LONG_CONTEXT_BANDS: tuple[Band, ...] = (
 
 
 #: The same bands on the published runs held out from that calibration (bench/data/fit_heldout.yaml
-#: and the blind fit_heldout_strict.yaml, fit_heldout_blind3.yaml and fit_heldout_blind4.yaml;
+#: and the blind fit_heldout_strict.yaml and fit_heldout_blind3.yaml to fit_heldout_blind5.yaml;
 #: bench/fit_accuracy.py --held-out prints each file's "calibration" lines, these are their sums).
 #: Between the safe line and capacity 5 of those 11 runs ran out, against 6 of 6 in the calibration
 #: corpus: a ``tight`` verdict states both, so the user reads the uncertainty the evidence has, not
 #: the calibration corpus's alone.
 _HELD_OUT = {"runs_are": "held-out published runs", "corpus": "bench/data/fit_heldout*.yaml"}
 HELD_OUT_BANDS: tuple[Band, ...] = (
-    Band("fits", 0.0, SAFE_LINE, runs=74, gpu_oom=15, **_HELD_OUT),
+    Band("fits", 0.0, SAFE_LINE, runs=92, gpu_oom=18, **_HELD_OUT),
     Band("tight", SAFE_LINE, 1.0, runs=11, gpu_oom=5, **_HELD_OUT),
-    Band("oom", 1.0, float("inf"), runs=47, gpu_oom=35, **_HELD_OUT),
+    Band("oom", 1.0, float("inf"), runs=53, gpu_oom=40, **_HELD_OUT),
 )
 
 

@@ -38,7 +38,7 @@ def _outcome_specs() -> ModuleType:
 
 
 #: The held-out fit files collected blind (every case says whether its inputs were all stated).
-BLIND_FIT_SETS = ("fit_heldout_strict", "fit_heldout_blind3", "fit_heldout_blind4")
+BLIND_FIT_SETS = ("fit_heldout_strict", "fit_heldout_blind3", "fit_heldout_blind4", "fit_heldout_blind5")
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +55,7 @@ def specs() -> ModuleType:
         "fit_heldout_strict",
         "fit_heldout_blind3",
         "fit_heldout_blind4",
+        "fit_heldout_blind5",
         "throughput_heldout",
     ],
 )
