@@ -15,12 +15,12 @@ from dsgen.vocabulary import CHECKPOINTING_MODES, OFFLOAD_DEVICES
 # ties break toward the simpler plan: no offload, then CPU, then NVMe; no recomputation, then
 # attention only, then whole layers (the vocabulary lists them simplest first)
 OFFLOAD_ORDER = {device: rank for rank, device in enumerate(OFFLOAD_DEVICES)}
-
-
 CHECKPOINTING_ORDER = {mode: rank for rank, mode in enumerate(CHECKPOINTING_MODES)}
 
 
 def rank_key(e: Evaluation) -> tuple[float, int, int, int, int, int]:
+    """Predicted step time first; equal times in a fixed order, simpler plans first, so every
+    ranking is deterministic."""
     p = e.plan
     return (
         round(e.step.total_s, 9),
