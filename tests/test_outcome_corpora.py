@@ -57,6 +57,8 @@ def specs() -> ModuleType:
         "fit_heldout_blind4",
         "fit_heldout_blind5",
         "throughput_heldout",
+        "throughput_heldout_blind2",
+        "throughput_heldout_blind2_excluded",
     ],
 )
 def corpus(request: pytest.FixtureRequest, specs: ModuleType) -> dict[str, Any]:
