@@ -182,6 +182,19 @@ def test_line_breaks_inside_the_message_are_ignored() -> None:
     assert parse_oom(text).process_in_use == parse_oom(MESSAGES[4][1]).process_in_use
 
 
+def test_a_word_broken_by_the_terminal_is_read() -> None:
+    """https://github.com/modelscope/ms-swift/issues/4023 as pasted: the terminal broke "memory"."""
+    text = (
+        "CUDA out of memory. Tried to allocate 462.00 MiB. GPU 4 has a total capacity of 79.11 GiB of which "
+        "462.56 MiB is free. Process 179754 has 78.61 GiB memory in use. Of the allocated memor\n"
+        "y 74.57 GiB is allocated by PyTorch, and 92.46 MiB is reserved by PyTorch but unallocated."
+    )
+    m = parse_oom(text)
+    assert m.allocated == pytest.approx(74.57 * GIB, abs=MIB)
+    assert m.reserved_unallocated == pytest.approx(92.46 * MIB, abs=MIB)
+    assert m.free == pytest.approx(462.56 * MIB, abs=MIB)
+
+
 @pytest.mark.parametrize("text", ["", "RuntimeError: CUDA error: device-side assert triggered", "Tried to allocate"])
 def test_other_text_is_bad_input(text: str) -> None:
     with pytest.raises(DsgenError) as info:

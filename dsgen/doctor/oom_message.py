@@ -31,6 +31,14 @@ def size_bytes(number: str, unit: str) -> int:
     return int(float(number) * UNITS[unit.lower()])
 
 
+def _wrapped(phrase: str) -> str:
+    """``phrase`` as a pattern that also matches it broken once inside a word: a terminal wraps a
+    long message at a fixed width, the pasted copy keeps the break ("Of the allocated memor" /
+    "y 74.57 GiB", ms-swift #4023), and flattening turns it into a space."""
+    pairs = zip(phrase, phrase[1:] + " ", strict=True)
+    return "".join(re.escape(a) + (" ?" if a.isalpha() and b.isalpha() else "") for a, b in pairs)
+
+
 def _find(pattern: str, text: str) -> int | None:
     match = re.search(pattern, text, flags=re.IGNORECASE | re.DOTALL)
     return size_bytes(match.group(1), match.group(2)) if match else None
@@ -69,20 +77,20 @@ def parse_oom(text: str) -> OomMessage:
     gpu_index = int(gpu.group(1)) if gpu else None
     if re.search(r"total capac\w*ty of", flat, flags=re.IGNORECASE):
         capacity = _find(r"total capac\w*ty of " + SIZE, flat)
-        free = _find(r"of which " + SIZE + r" is free", flat)
-        allocated = _find(r"Of the allocated memory " + SIZE + r" is allocated by PyTorch", flat)
-        unallocated = _find(SIZE + r" is reserved by PyTorch but unallocated", flat)
+        free = _find(_wrapped("of which ") + SIZE + _wrapped(" is free"), flat)
+        allocated = _find(_wrapped("Of the allocated memory ") + SIZE + _wrapped(" is allocated by PyTorch"), flat)
+        unallocated = _find(SIZE + _wrapped(" is reserved by PyTorch but unallocated"), flat)
         # PyTorch asks NVML for the process's memory; where NVML cannot see it (in some containers)
         # the figure reads "0 bytes" beside gigabytes of tensors, which says nothing
-        in_use = _find(r"this process has " + SIZE + r" memory in use", flat) or None
+        in_use = _find(_wrapped("this process has ") + SIZE + _wrapped(" memory in use"), flat) or None
         return OomMessage("current", tried, gpu_index, capacity, free, allocated, unallocated, in_use)
     if "already allocated" not in flat and not re.search(r"total capacity;", flat):
         # the current wording cut after its first sentence (quoted in a bug report, say)
         return OomMessage("current", tried, gpu_index, None, None, None, None, None)
-    capacity = _find(SIZE + r" total capacity", flat)
-    allocated = _find(SIZE + r" already allocated", flat)
+    capacity = _find(SIZE + _wrapped(" total capacity"), flat)
+    allocated = _find(SIZE + _wrapped(" already allocated"), flat)
     free = _find(SIZE + r" free", flat)
-    reserved = _find(SIZE + r" reserved in total by PyTorch", flat)
+    reserved = _find(SIZE + _wrapped(" reserved in total by PyTorch"), flat)
     cached = _find(SIZE + r" cached", flat)
     if reserved is None and cached is not None:
         # torch <= 1.4 reported only what the cache held beyond live tensors
