@@ -247,6 +247,10 @@ def run_model(model: str, cases: list[Case], workdir: Path, steps: int = STEPS) 
         for rank in range(RANKS):
             path = Path(job["out"]) / f"{case.name}-rank{rank}.json"
             per_rank.append(json.loads(path.read_text()) if path.exists() else None)
+        for r in per_rank:
+            if r is not None and "error" not in r and not all(r["probe_calls"].values()):
+                # a phase whose probes never ran would read as nothing allocated: not a measurement
+                r["error"] = f"probes that ran per phase {r['probe_calls']}: a phase was not observed"
         if any(r is None or "error" in r for r in per_rank):
             errors = [r.get("error") if r else "no result" for r in per_rank]
             print(f"{model}/{case.name} FAILED (torchrun rc={returncode}): {errors[0]}\n{log[-3000:]}")
@@ -544,6 +548,14 @@ def run_case(case: dict[str, Any], hf_config: Path, rank: int) -> dict[str, Any]
     if stage == 3:
         with deepspeed.zero.Init(config_dict_or_path=config):
             model = build()
+        # transformers fills the parameters a module creates with torch.empty (Qwen3-MoE's fused
+        # experts) in _init_weights after construction; under zero.Init without its DeepSpeed
+        # integration that reaches only the empty stand-ins, and the partitions keep whatever the
+        # memory held: now and then not finite, and DeepSpeed then skips the step. Fill them on
+        # the gathered parameters, as the integration does (rank 0's values, broadcast).
+        with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=0):
+            for module in model.modules():
+                model._init_weights(module)
     else:
         model = build()
     leaves: list[str] = []
@@ -572,9 +584,11 @@ def run_case(case: dict[str, Any], hf_config: Path, rank: int) -> dict[str, Any]
     phase_gradients = {"backward": 0, "step": 0}  # end of backward (activations may live) / step
     phase_buffers = {"backward": 0, "step": 0}
     timing = {"init": time.monotonic() - started, "probes": 0.0}
+    probe_calls = {"backward": 0, "step": 0}
 
     def probe(phase: str, sweep: bool = False) -> None:
         t0 = time.monotonic()
+        probe_calls[phase] += 1
         for key, value in snapshot(engine, offload, baseline if sweep else None).items():
             peak[key] = max(peak[key], value)
             if key == "gradients":
@@ -633,10 +647,17 @@ def run_case(case: dict[str, Any], hf_config: Path, rank: int) -> dict[str, Any]
             timing["step"] = timing.get("step", 0.0) + time.monotonic() - t0
     if engine.global_steps != steps:
         raise RuntimeError(f"engine took {engine.global_steps} optimizer steps, expected {steps}")
+    if engine.skipped_steps:
+        # stage3.py ``step``: a gradient norm that is not finite skips the step before the inner
+        # optimizer runs, so the step's probes saw nothing (see the initialisation above).
+        raise RuntimeError(
+            f"DeepSpeed skipped {engine.skipped_steps} of {engine.global_steps} steps (gradient norm not finite)"
+        )
     timing["total"] = time.monotonic() - started
     result = {
         "measured": peak,
         "gradients_by_phase": phase_gradients,
+        "probe_calls": probe_calls,
         "buffers_by_phase": phase_buffers,
         "timing": timing,
         "optimizer": type(basic).__name__,
