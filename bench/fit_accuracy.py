@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     names = list(args.corpus)
     if args.held_out:
-        names += sorted(path.stem for path in (REPO / "bench" / "data").glob("fit_heldout*.yaml"))
+        names += held_out_corpora()
     names = list(dict.fromkeys(names)) or ["fit_outcomes"]
     if args.json and len(names) > 1:
         parser.error("--json writes one corpus's rows: name one --corpus")
@@ -222,6 +222,11 @@ def main(argv: list[str] | None = None) -> int:
         outcomes_by_fill(doctor_rows)
         print(f"doctor verdicts right {right_n}/{total} ({right_n / total:.0%}, {wilson_text(right_n, total)})")
     return 0
+
+
+def held_out_corpora() -> list[str]:
+    """Every held-out fit file, bench/data/fit_heldout*.yaml, by name."""
+    return sorted(path.stem for path in (REPO / "bench" / "data").glob("fit_heldout*.yaml"))
 
 
 def in_band(fill: float, low: float, high: float) -> bool:

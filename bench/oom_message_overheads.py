@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
 from collections.abc import Callable
@@ -38,13 +37,12 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dsgen.doctor.oom_message import SIZE, OomMessage, parse_oom, size_bytes  # noqa: E402
+from dsgen.doctor.oom_message import OomMessage, parse_oom  # noqa: E402
 from dsgen.estimate.memory import ALLOCATOR_SLACK, COMM_LIBRARY_BYTES, CUDA_CONTEXT_BYTES  # noqa: E402
 from dsgen.units import GIB  # noqa: E402
 
 DATA = ROOT / "bench" / "data" / "oom_messages.yaml"
 FIXED_OVERHEAD = CUDA_CONTEXT_BYTES + COMM_LIBRARY_BYTES
-PROCESS = re.compile(r"Process \d+ has " + SIZE + r" memory in use", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -59,6 +57,7 @@ class MessageRow:
     reserved_unallocated: int | None
     outside_allocator: int | None  # process in use - reserved by PyTorch (current wording only)
     process_read: bool = False  # the process figure is the one listed process's (see process_figure)
+    fragmentation_alone: bool = False  # OomMessage.fragmentation: more free inside held segments than the request
 
     @property
     def unallocated_share(self) -> float | None:
@@ -67,26 +66,19 @@ class MessageRow:
             return None
         return self.reserved_unallocated / self.allocated
 
-    @property
-    def fragmentation_alone(self) -> bool:
-        """More free space inside held segments than the request (in pieces, or on another stream,
-        it could not serve it): ``OomMessage.fragmentation``, the doctor's reading."""
-        return self.reserved_unallocated is not None and self.reserved_unallocated >= self.tried
 
-
-def process_figure(message: OomMessage, text: str) -> tuple[int | None, bool]:
+def process_figure(message: OomMessage) -> tuple[int | None, bool]:
     """What the failing process held in all, and whether that is read, not stated.
 
-    "This process has M" is stated. In a container PyTorch's process id is not the one NVML
-    reports, so the failing process is listed as "Process p has M"; a message that lists exactly
-    one such process is read as naming the failing one (the flag says so). A figure of 0 bytes is
-    NVML's, not the process's, and counts as absent (the doctor's parser drops it the same way)."""
+    "This process has M" is stated. A message that lists exactly one other process
+    (``OomMessage.listed_processes``) is read as naming the failing one (the flag says so). A
+    figure of 0 bytes is NVML's, not the process's, and counts as absent (the doctor's parser
+    drops "this process has 0 bytes" the same way)."""
     if message.process_in_use is not None:
         return message.process_in_use, False
-    listed = PROCESS.findall(" ".join(text.split()))
-    if len(listed) != 1:
+    if len(message.listed_processes) != 1:
         return None, False
-    return size_bytes(*listed[0]) or None, True
+    return message.listed_processes[0] or None, True
 
 
 def outside_allocator(held: int | None, message: OomMessage) -> int | None:
@@ -101,7 +93,7 @@ def read_rows(path: Path = DATA) -> list[MessageRow]:
     rows = []
     for entry in entries:
         message = parse_oom(entry["message"])
-        held, read = process_figure(message, entry["message"])
+        held, read = process_figure(message)
         rows.append(
             MessageRow(
                 id=entry["id"],
@@ -112,6 +104,7 @@ def read_rows(path: Path = DATA) -> list[MessageRow]:
                 reserved_unallocated=message.reserved_unallocated,
                 outside_allocator=outside_allocator(held, message),
                 process_read=read,
+                fragmentation_alone=message.fragmentation,
             )
         )
     return rows

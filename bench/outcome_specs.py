@@ -153,6 +153,12 @@ def _given_knobs(case: dict[str, Any], corpus: dict[str, Any]) -> dict[str, Any]
     return dict(corpus["knobs"][case["knobs_ref"]]) if "knobs_ref" in case else dict(case.get("knobs", {}))
 
 
+def _stated_pin(case: dict[str, Any], corpus: dict[str, Any]) -> bool | None:
+    """The run's config's ``pin_memory`` for its offload blocks, None where it says nothing."""
+    pin = _given_knobs(case, corpus).get("offload_pin_memory")
+    return pin if isinstance(pin, bool) else None
+
+
 def run_knobs(case: dict[str, Any], corpus: dict[str, Any], shape: ModelShape) -> ZeroKnobs:
     """The ZeroKnobs of the run's own config, DeepSpeed's defaults where it says nothing."""
     given = _given_knobs(case, corpus)
@@ -191,8 +197,8 @@ def price(case: dict[str, Any], corpus: dict[str, Any]) -> Priced:
     # The run offloaded its whole optimizer (DeepSpeed's default offload_optimizer.ratio is 1.0); the
     # solver may have picked a partial-offload share for ZeRO-3, which constraints cannot pin.
     # pin_memory as the run's config states it, else its release's default (as the doctor reads it)
-    given_pin = _given_knobs(case, corpus).get("offload_pin_memory")
-    pin = given_pin if isinstance(given_pin, bool) else pins_offload_by_default(spec.training.deepspeed_version)
+    stated = _stated_pin(case, corpus)
+    pin = stated if stated is not None else pins_offload_by_default(spec.training.deepspeed_version)
     knobs = replace(run_knobs(case, corpus, spec.model), pin_optimizer_offload=pin, pin_param_offload=pin)
     plan = replace(chosen.plan, knobs=knobs, offload_ratio=1.0)
     return Priced(spec=spec, dsgen=chosen, run=evaluate(spec, plan))
@@ -205,8 +211,8 @@ def doctor_config(case: dict[str, Any], corpus: dict[str, Any], shape: ModelShap
     stage = case["zero_stage"]
     world = case["gpus_per_node"] * case["nodes"]
     # pin_memory where the run's config states it; else its release's default applies (False before 0.19)
-    pin = _given_knobs(case, corpus).get("offload_pin_memory")
-    pinning = {"pin_memory": pin} if isinstance(pin, bool) else {}
+    pin = _stated_pin(case, corpus)
+    pinning = {} if pin is None else {"pin_memory": pin}
     zero: dict[str, Any] = {"stage": stage}
     if stage > 0:
         zero.update(

@@ -65,12 +65,12 @@ def test_a_single_listed_process_is_read_as_the_failing_one_and_zero_bytes_as_ab
         "is free. Process 55179 has 77.81 GiB memory in use. Of the allocated memory 57.88 GiB is allocated by "
         "PyTorch, and 17.62 GiB is reserved by PyTorch but unallocated."
     )
-    held, read = bench.process_figure(parse_oom(listed), listed)
+    held, read = bench.process_figure(parse_oom(listed))
     assert read and held == pytest.approx(77.81 * GIB, abs=0.01 * GIB)
     assert bench.outside_allocator(held, parse_oom(listed)) == pytest.approx(
         (77.81 - 57.88 - 17.62) * GIB, abs=0.01 * GIB
     )
     zero = listed.replace("Process 55179 has 77.81 GiB", "Process 55179 has 0 bytes")
-    assert bench.process_figure(parse_oom(zero), zero) == (None, True)
+    assert bench.process_figure(parse_oom(zero)) == (None, True)
     two = listed.replace("Process 55179", "Process 1 has 398.00 MiB memory in use. Process 55179")
-    assert bench.process_figure(parse_oom(two), two) == (None, False)  # which one failed is not known
+    assert bench.process_figure(parse_oom(two)) == (None, False)  # which one failed is not known

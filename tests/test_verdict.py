@@ -16,7 +16,7 @@ from dsgen.doctor.diagnose import diagnose
 from dsgen.solver import solve
 from dsgen.spec.loader import load_spec_text
 from dsgen.verdict import BANDS, HELD_OUT_BANDS, LONG_CONTEXT_BANDS, SAFE_LINE, band_of, classify
-from tests.conftest import EXAMPLES_DIR, REPO_ROOT, bench_module
+from tests.conftest import EXAMPLES_DIR, bench_module
 
 
 def _bench(name: str) -> ModuleType:
@@ -68,8 +68,7 @@ def test_held_out_bands_are_the_held_out_outcomes_of_the_doctors_own_predictions
     """HELD_OUT_BANDS re-derived from every held-out fit file (bench/data/fit_heldout*.yaml, as
     ``bench/fit_accuracy.py --held-out`` reads them) the way BANDS is from the calibration corpus; a
     tight verdict states both sentences."""
-    held_out = sorted(path.stem for path in (REPO_ROOT / "bench" / "data").glob("fit_heldout*.yaml"))
-    counts = _doctor_band_counts(*held_out)
+    counts = _doctor_band_counts(*_bench("fit_accuracy").held_out_corpora())
     assert counts == {band.verdict: [band.runs, band.gpu_oom] for band in HELD_OUT_BANDS}
     tight = classify(95, 100, host_ok=True)
     assert tight.evidence is not None and "held-out published runs" in tight.evidence

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from dsgen.errors import DsgenError
 
 UNITS = {"b": 1, "bytes": 1, "byte": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-SIZE = r"(\d+(?:\.\d+)?)\s*(bytes|byte|B|KiB|MiB|GiB|TiB)"
+_SIZE = r"(\d+(?:\.\d+)?)\s*(bytes|byte|B|KiB|MiB|GiB|TiB)"
 
 
-def size_bytes(number: str, unit: str) -> int:
+def _bytes(number: str, unit: str) -> int:
     return int(float(number) * UNITS[unit.lower()])
 
 
@@ -41,7 +41,7 @@ def _wrapped(phrase: str) -> str:
 
 def _find(pattern: str, text: str) -> int | None:
     match = re.search(pattern, text, flags=re.IGNORECASE | re.DOTALL)
-    return size_bytes(match.group(1), match.group(2)) if match else None
+    return _bytes(match.group(1), match.group(2)) if match else None
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,9 @@ class OomMessage:
     allocated: int | None  # by PyTorch's tensors
     reserved_unallocated: int | None  # cached by the allocator but not in tensors
     process_in_use: int | None  # this process (current format), incl. CUDA context and NCCL
+    # what each other process NVML lists holds ("Process p has M memory in use"; current format).
+    # In a container PyTorch does not find its own id among them, so the failing one is listed so
+    listed_processes: tuple[int, ...] = ()
 
     @property
     def fragmentation(self) -> bool:
@@ -66,32 +69,34 @@ class OomMessage:
 def parse_oom(text: str) -> OomMessage:
     """Parse an out-of-memory message; a text without ``Tried to allocate`` is bad input (exit 2)."""
     flat = " ".join(text.split())
-    tried_match = re.search(r"Tried to allocate " + SIZE, flat, flags=re.IGNORECASE)
+    tried_match = re.search(r"Tried to allocate " + _SIZE, flat, flags=re.IGNORECASE)
     if not tried_match or "out of memory" not in flat.lower():
         raise DsgenError(
             "--error: not a PyTorch CUDA out-of-memory message (expected 'CUDA out of memory. Tried to allocate ...')",
             hint="paste the whole line that starts with torch.OutOfMemoryError / RuntimeError: CUDA out of memory",
         )
-    tried = size_bytes(tried_match.group(1), tried_match.group(2))
+    tried = _bytes(tried_match.group(1), tried_match.group(2))
     gpu = re.search(r"GPU (\d+)", flat)
     gpu_index = int(gpu.group(1)) if gpu else None
     if re.search(r"total capac\w*ty of", flat, flags=re.IGNORECASE):
-        capacity = _find(r"total capac\w*ty of " + SIZE, flat)
-        free = _find(_wrapped("of which ") + SIZE + _wrapped(" is free"), flat)
-        allocated = _find(_wrapped("Of the allocated memory ") + SIZE + _wrapped(" is allocated by PyTorch"), flat)
-        unallocated = _find(SIZE + _wrapped(" is reserved by PyTorch but unallocated"), flat)
+        capacity = _find(r"total capac\w*ty of " + _SIZE, flat)
+        free = _find(_wrapped("of which ") + _SIZE + _wrapped(" is free"), flat)
+        allocated = _find(_wrapped("Of the allocated memory ") + _SIZE + _wrapped(" is allocated by PyTorch"), flat)
+        unallocated = _find(_SIZE + _wrapped(" is reserved by PyTorch but unallocated"), flat)
         # PyTorch asks NVML for the process's memory; where NVML cannot see it (in some containers)
         # the figure reads "0 bytes" beside gigabytes of tensors, which says nothing
-        in_use = _find(_wrapped("this process has ") + SIZE + _wrapped(" memory in use"), flat) or None
-        return OomMessage("current", tried, gpu_index, capacity, free, allocated, unallocated, in_use)
+        in_use = _find(_wrapped("this process has ") + _SIZE + _wrapped(" memory in use"), flat) or None
+        listed = re.findall(r"Process \d+ has " + _SIZE + _wrapped(" memory in use"), flat, flags=re.IGNORECASE)
+        listed_sizes = tuple(_bytes(number, unit) for number, unit in listed)
+        return OomMessage("current", tried, gpu_index, capacity, free, allocated, unallocated, in_use, listed_sizes)
     if "already allocated" not in flat and not re.search(r"total capacity;", flat):
         # the current wording cut after its first sentence (quoted in a bug report, say)
         return OomMessage("current", tried, gpu_index, None, None, None, None, None)
-    capacity = _find(SIZE + _wrapped(" total capacity"), flat)
-    allocated = _find(SIZE + _wrapped(" already allocated"), flat)
-    free = _find(SIZE + r" free", flat)
-    reserved = _find(SIZE + _wrapped(" reserved in total by PyTorch"), flat)
-    cached = _find(SIZE + r" cached", flat)
+    capacity = _find(_SIZE + _wrapped(" total capacity"), flat)
+    allocated = _find(_SIZE + _wrapped(" already allocated"), flat)
+    free = _find(_SIZE + r" free", flat)
+    reserved = _find(_SIZE + _wrapped(" reserved in total by PyTorch"), flat)
+    cached = _find(_SIZE + r" cached", flat)
     if reserved is None and cached is not None:
         # torch <= 1.4 reported only what the cache held beyond live tensors
         return OomMessage("legacy-cached", tried, gpu_index, capacity, free, allocated, cached, None)
