@@ -187,8 +187,8 @@ def miss_reason(case: dict[str, Any], e: Evaluation, params: int) -> str:
     if outcome == "host_oom":
         return (
             f"host under-predicted: dsgen {e.memory.cpu.total / GIB:.0f} GiB of {e.memory.cpu.capacity / GIB:.0f} "
-            "(the largest of model loading, ZeRO-1/2's host flattening and the offloaded states, beside the "
-            "processes); unmodelled: the framework's own host copies, pinned-allocation rounding"
+            "(the largest of start-up, training and a checkpoint save, beside the processes: "
+            "dsgen.estimate.memory.HostMemory); unmodelled: the framework's own host copies beyond those"
         )
     if not e.fits_gpu:
         return f"over-predicted GPU at {mem.total / usable:.0%} [{terms(e)}]"

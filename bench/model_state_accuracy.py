@@ -39,7 +39,7 @@ tensors, so a single probe after the step would undercount both.
 
 Measured values are the maximum over ranks (ZeRO-1/2 ranks differ by which tensors straddle their
 partition) and are compared with the record ``dsgen.estimate.model_states.model_states`` and, for offload,
-with dsgen's host term ``dsgen.estimate.memory.host_bytes(...)[1] / gpus_per_node``. Target: every
+with dsgen's host term ``dsgen.estimate.memory.offloaded_host_bytes(...) / gpus_per_node``. Target: every
 compared term within 2 %. ``ModelStates.offloaded_optimizer`` (everything offload pins on
 the host) is shown beside the measured host bytes.
 
@@ -172,7 +172,7 @@ constraints:
 
 def prepare(config_json: Path, case: Case) -> dict[str, Any]:
     """Solve and render the case with dsgen; return the DeepSpeed config and dsgen's prediction."""
-    from dsgen.estimate.memory import buffer_bytes, host_bytes, step_buffer_bytes
+    from dsgen.estimate.memory import buffer_bytes, offloaded_host_bytes, step_buffer_bytes
     from dsgen.estimate.model_states import model_states
     from dsgen.render import render
     from dsgen.solver import solve
@@ -193,7 +193,7 @@ def prepare(config_json: Path, case: Case) -> dict[str, Any]:
         plan = dataclasses.replace(plan, offload_ratio=1.0)
     optimizer = spec.training.optimizer.type
     record = model_states(spec.model, plan, optimizer)
-    host = host_bytes(record, plan, spec.hardware, spec.training.deepspeed_version)[1] // spec.hardware.gpus_per_node
+    host = offloaded_host_bytes(record, plan, spec.hardware) // spec.hardware.gpus_per_node
     # DeepSpeed's CPU accelerator pins nothing (cpu_accelerator.py ``pin_memory`` is a no-op), so the
     # pinned blocks' power-of-two rounding a GPU host pays is not in what this bench can measure
     host -= record.pinned_rounding

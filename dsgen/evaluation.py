@@ -133,8 +133,8 @@ class Evaluation:
             problems.append(f"needs {gib(self.memory.gpu.total)} per GPU, {gib(self.usable_gpu_bytes)} usable")
         if not self.fits_cpu:
             problems.append(
-                f"needs {gib(self.memory.cpu.total)} host RAM per node, {gib(self.usable_cpu_bytes)} usable"
-                + self.host_capacity_note
+                f"needs {gib(self.memory.cpu.total)} host RAM per node {self.memory.cpu.peak_phase}, "
+                f"{gib(self.usable_cpu_bytes)} usable" + self.host_capacity_note
             )
         if self.gpu_runs_out_first:
             problems.append(
@@ -164,7 +164,13 @@ def evaluate(spec: Spec, plan: Plan, accounting: Accounting = "dsgen") -> Evalua
     """Price one plan against the spec's hardware (``accounting``: see ``estimate_memory``)."""
     hardware = spec.hardware
     memory = estimate_memory(
-        spec.model, plan, hardware, spec.training, accounting, logits_released=spec.output.logits_released
+        spec.model,
+        plan,
+        hardware,
+        spec.training,
+        accounting,
+        logits_released=spec.output.logits_released,
+        trainer_saves_model=spec.output.trainer_saves_model,
     )
     step = estimate_step_time(spec.model, plan, hardware, spec.training)
     usable_gpu, usable_cpu = usable_bytes(spec)

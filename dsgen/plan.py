@@ -29,6 +29,9 @@ class ZeroKnobs:
     # or its release's default, in the doctor (False before DeepSpeed 0.19, deepspeedai/DeepSpeed#8207)
     pin_optimizer_offload: bool = True
     pin_param_offload: bool = True
+    # ZeRO-3 ``stage3_gather_16bit_weights_on_model_save``: dsgen renders true (the HF Trainer and
+    # Accelerate then save a loadable 16-bit model); DeepSpeed's default, false, in the doctor
+    gather_16bit_weights_on_model_save: bool = True
 
     @property
     def zeropp(self) -> str:

@@ -47,21 +47,36 @@ def memory_dict(e: Evaluation) -> dict[str, Any]:
             "capacity_assumed": e.memory.cpu.capacity_assumed,
             "model_states": e.memory.cpu.offloaded_states,
             "checkpoints": e.memory.cpu.checkpoints,
+            "phases": {
+                "startup": e.memory.cpu.startup,
+                "training": e.memory.cpu.training,
+                "checkpoint_save": e.memory.cpu.saving,
+            },
+            "checkpoint_save": {
+                "engine": e.memory.cpu.checkpoint_save.engine,
+                "state_dict": e.memory.cpu.checkpoint_save.state_dict,
+            },
         },
         "nvme": {"total": e.memory.nvme.total, "capacity": e.memory.nvme.capacity},
     }
 
 
 def host_lines(e: Evaluation) -> list[str]:
-    """The host RAM line, and what fills it when something is offloaded: model states, the
-    checkpointed layer inputs of checkpoint offload, and the processes (or the model loading)."""
+    """The host RAM line and its three phases (start-up, training, checkpoint save), with what
+    fills the later two when something is offloaded."""
     cpu = e.memory.cpu
+    save = cpu.checkpoint_save
     lines = [f"host RAM per node  {gib(cpu.total)} of {gib(e.usable_cpu_bytes)} usable{e.host_capacity_note}"]
+    copies = "the HF Trainer's 16-bit state dict" if save.state_dict > save.engine else "save_checkpoint's copies"
+    lines.append(
+        f"  phases: start-up {gib(cpu.startup)}, training {gib(cpu.training)}, "
+        f"checkpoint save {gib(cpu.saving)} ({copies} {gib(save.peak)})"
+    )
     if cpu.offloaded_states or cpu.checkpoints:
         parts = (
             ("offloaded model states", cpu.offloaded_states),
             ("offloaded checkpoints", cpu.checkpoints),
-            ("processes and loading", cpu.total - cpu.offloaded_states - cpu.checkpoints),
+            ("processes", cpu.process),
         )
         lines.append("  " + ", ".join(f"{name} {gib(value)}" for name, value in parts if value))
     return lines

@@ -326,7 +326,12 @@ def fits_any(spec: Spec) -> bool:
                 st = replace(base, long_context=long_context)
                 plan = _plan(st, precision, knobs, micro, accum, spec.hardware.world_size)
                 memory = estimate_memory(
-                    spec.model, plan, spec.hardware, spec.training, logits_released=spec.output.logits_released
+                    spec.model,
+                    plan,
+                    spec.hardware,
+                    spec.training,
+                    logits_released=spec.output.logits_released,
+                    trainer_saves_model=spec.output.trainer_saves_model,
                 )
                 if (
                     memory.gpu.total <= usable_gpu

@@ -25,6 +25,9 @@ def main() -> int:
     parser.add_argument("--max-steps", type=int, default=2)
     parser.add_argument("--output-dir", type=Path, required=True)
     parser.add_argument("--seq-len", type=int, default=32)
+    parser.add_argument(
+        "--probe-save", type=Path, help="save a checkpoint at the last step; write its host copies here"
+    )
     cli = parser.parse_args()
 
     import torch
@@ -37,7 +40,8 @@ def main() -> int:
         use_cpu=True,  # CPU test machine: DeepSpeed's CPU accelerator, gloo
         ddp_backend="gloo",
         report_to="none",
-        save_strategy="no",
+        save_strategy="steps" if cli.probe_save else "no",
+        save_steps=cli.max_steps,
         logging_steps=1,
         seed=1234,
     )
@@ -52,7 +56,10 @@ def main() -> int:
         for ids in torch.randint(0, config.vocab_size, (samples, cli.seq_len), generator=gen)
     ]
     trainer = Trainer(model=model, args=args, train_dataset=data)
+    probe = SaveProbe(trainer) if cli.probe_save else None
     trainer.train()
+    if probe is not None:
+        probe.write(cli.probe_save / f"rank{args.process_index}.json")
     engine = trainer.model_wrapped
     if args.process_index == 0:
         print(
@@ -69,6 +76,49 @@ def main() -> int:
     trainer.accelerator.wait_for_everyone()  # no rank leaves while another still talks to it
     trainer.accelerator.end_training()  # accelerate's teardown: torch.distributed.destroy_process_group()
     return 0
+
+
+class SaveProbe:
+    """What a checkpoint save puts in this rank's host memory, measured on the Trainer's own path:
+
+    * ``state_dict_bytes``: the tensors of the state dict ``Trainer.save_model`` builds
+      (``accelerator.get_state_dict``), each distinct tensor once, by its elements (what a GPU run
+      copies to the host);
+    * ``largest_saved_storage``: the largest storage of any file this rank ``torch.save``s (the
+      zip entries under ``data/`` hold one storage each, as ``torch.save`` copies them to the host
+      one at a time)."""
+
+    def __init__(self, trainer: object) -> None:
+        import torch
+
+        self.state_dict_bytes = 0
+        self.largest_saved_storage = 0
+        accelerator = trainer.accelerator  # type: ignore[attr-defined]
+        get_state_dict = accelerator.get_state_dict
+        save = torch.save
+
+        def counting_get_state_dict(*args: object, **kwargs: object) -> object:
+            state = get_state_dict(*args, **kwargs)
+            tensors = {(t.data_ptr(), t.numel()): t for t in (state or {}).values() if isinstance(t, torch.Tensor)}
+            self.state_dict_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
+            return state
+
+        def measuring_save(obj: object, f: object, *args: object, **kwargs: object) -> None:
+            save(obj, f, *args, **kwargs)
+            if isinstance(f, (str, os.PathLike)):
+                import zipfile
+
+                with zipfile.ZipFile(f) as archive:
+                    sizes = [i.file_size for i in archive.infolist() if "/data/" in i.filename]
+                self.largest_saved_storage = max([self.largest_saved_storage, *sizes])
+
+        accelerator.get_state_dict = counting_get_state_dict
+        torch.save = measuring_save
+
+    def write(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        record = {"state_dict_bytes": self.state_dict_bytes, "largest_saved_storage": self.largest_saved_storage}
+        path.write_text(json.dumps(record))
 
 
 if __name__ == "__main__":

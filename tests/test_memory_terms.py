@@ -19,8 +19,9 @@ from dsgen.estimate.memory import (
     HOST_BYTES_PER_RANK,
     buffer_bytes,
     estimate_memory,
-    host_bytes,
     nvme_bytes,
+    offloaded_host_bytes,
+    startup_host_bytes,
 )
 from dsgen.estimate.model_states import model_states, pinned
 from dsgen.plan import Plan, ZeroKnobs
@@ -243,6 +244,13 @@ def test_llama_8b_overhead_is_fixed_plus_slack_of_dynamic() -> None:
 
 
 # ---- 4. host RAM per node ------------------------------------------------------------------------
+def _host(spec: Spec, plan: Plan) -> tuple[int, int]:
+    """(start-up, offloaded states) host bytes per node."""
+    states = model_states(spec.model, plan, "adamw")
+    startup = startup_host_bytes(states, plan, spec.hardware, spec.training.deepspeed_version)
+    return startup, offloaded_host_bytes(states, plan, spec.hardware)
+
+
 def test_llama_8b_host_without_offload() -> None:
     spec = _spec()
     # ZeRO-2 bf16: process 8 * 3 GiB = 25_769_803_776; loading every rank's 16-bit model
@@ -250,15 +258,11 @@ def test_llama_8b_host_without_offload() -> None:
     process = G * 3 * GIB
     loading = G * W * P
     assert (process, loading) == (25_769_803_776, 128_484_179_968)
-    assert host_bytes(
-        model_states(spec.model, _plan(2), "adamw"), _plan(2), spec.hardware, spec.training.deepspeed_version
-    ) == (process + loading, 0)
+    assert _host(spec, _plan(2)) == (process + loading, 0)
     cpu = estimate_memory(spec.model, _plan(2), spec.hardware, spec.training).cpu
     assert (cpu.total, cpu.process, cpu.offloaded_states) == (154_253_983_744, process, 0)
     # ZeRO-3 (zero.Init): no loading copy, only the processes
-    assert host_bytes(
-        model_states(spec.model, _plan(3), "adamw"), _plan(3), spec.hardware, spec.training.deepspeed_version
-    ) == (process, 0)
+    assert _host(spec, _plan(3)) == (process, 0)
 
 
 # Pinned host blocks are rounded up to powers of two (CachingHostAllocator), per rank:
@@ -288,13 +292,16 @@ def test_llama_8b_host_with_cpu_parameter_offload_at_zero3(opt: str, offloaded: 
     spec = _spec()
     plan = _plan(3, opt=opt, param="cpu")
     process = G * 3 * GIB  # 25_769_803_776
-    # ZeRO-3 loads with zero.Init (no full copy), so the total is process + offloaded
-    assert host_bytes(
-        model_states(spec.model, plan, "adamw"), plan, spec.hardware, spec.training.deepspeed_version
-    ) == (process + offloaded, offloaded)
+    # ZeRO-3 loads with zero.Init (no full copy): start-up is the processes alone
+    assert _host(spec, plan) == (process, offloaded)
     cpu = estimate_memory(spec.model, plan, spec.hardware, spec.training).cpu
     assert cpu.offloaded_states == offloaded
-    assert cpu.total == process + offloaded
+    # a checkpoint save: with the optimizer on the GPU each rank's torch.save copies its fp32
+    # sub-group (the whole partition, one storage) to the host, 8 * 4 * 1_003_782_656 =
+    # 32_121_044_992; an offloaded optimizer's states are host tensors already, copied by nobody
+    engine = G * 4 * PART if opt == "none" else 0
+    assert cpu.checkpoint_save.engine == engine
+    assert cpu.total == process + offloaded + engine
     assert offloaded in (34_897_141_760, 182_799_884_288)
 
 
@@ -328,10 +335,10 @@ def test_llama_8b_nvme_optimizer_offload_host_swap_buffers() -> None:
     largest = PART
     offloaded = G * (2 * PART + 4 * largest + 4 * 4 * largest)
     assert offloaded == 176_665_747_456
-    assert host_bytes(
-        model_states(spec.model, plan, "adamw"), plan, spec.hardware, spec.training.deepspeed_version
-    ) == (G * 3 * GIB + offloaded, offloaded)
+    assert _host(spec, plan) == (G * 3 * GIB, offloaded)
     memory = estimate_memory(spec.model, plan, spec.hardware, spec.training)
+    # the optimizer lives on NVMe and the module is partitioned: a save copies nothing more
+    assert memory.cpu.total == G * 3 * GIB + offloaded
     assert memory.nvme.total == G * (4 + 8) * PART == 96_363_134_976
     assert memory.cpu.offloaded_states == offloaded
 
@@ -344,11 +351,15 @@ def test_llama_8b_host_loading_copy_and_offload_do_not_add_up() -> None:
     # = 19_118_760_960; * 8 = 152_950_087_680 > the loading copy 8 * 2 * P = 128_484_179_968.
     offloaded = G * (18 * PART + 2 * EMBED)
     assert offloaded == 152_950_087_680
-    # host = process + max(loading, offloaded) = 25_769_803_776 + 152_950_087_680 = 178_719_891_456
-    assert host_bytes(
-        model_states(spec.model, plan, "adamw"), plan, spec.hardware, spec.training.deepspeed_version
-    ) == (178_719_891_456, offloaded)
-    assert G * 3 * GIB + max(G * W * P, offloaded) == 178_719_891_456
+    # start-up = process + loading; training = process + offloaded = 25_769_803_776 +
+    # 152_950_087_680 = 178_719_891_456: the loading copies are gone by then, they do not add up
+    assert _host(spec, plan) == (G * 3 * GIB + G * W * P, offloaded)
+    # a checkpoint save: rank 0 writes the module, whose bf16 parameters are views of one flat
+    # buffer on the GPU, copied to the host whole, 2 * P = 16_060_522_496 (the offloaded fp32
+    # partitions are host tensors already): 178_719_891_456 + 16_060_522_496 = 194_780_413_952
+    cpu = estimate_memory(spec.model, plan, spec.hardware, spec.training).cpu
+    assert (cpu.training, cpu.checkpoint_save.engine) == (178_719_891_456, W * P)
+    assert cpu.total == G * 3 * GIB + offloaded + W * P == 194_780_413_952
 
 
 def test_pinned_blocks_round_up_to_powers_of_two() -> None:

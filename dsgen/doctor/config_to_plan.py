@@ -43,6 +43,12 @@ KNOB_KEYS: tuple[tuple[str, str, Any, str], ...] = (
     ("zero_hpz_partition_size", "hpz_partition_size", 1, f"{ZERO_CONFIG}.zero_hpz_partition_size"),
     ("zero_quantized_weights", "quantized_weights", False, f"{ZERO_CONFIG}.zero_quantized_weights"),
     ("zero_quantized_gradients", "quantized_gradients", False, f"{ZERO_CONFIG}.zero_quantized_gradients"),
+    (
+        "stage3_gather_16bit_weights_on_model_save",
+        "gather_16bit_weights_on_model_save",
+        False,
+        f"{ZERO_CONFIG}.gather_16bit_weights_on_model_save",
+    ),
 )
 # The same knobs under the names DeepSpeed's pydantic model also accepts (aliases without the prefix).
 ALIASES = {
@@ -50,6 +56,7 @@ ALIASES = {
     "stage3_param_persistence_threshold": "param_persistence_threshold",
     "stage3_max_live_parameters": "max_live_parameters",
     "stage3_max_reuse_distance": "max_reuse_distance",
+    "stage3_gather_16bit_weights_on_model_save": "gather_16bit_weights_on_model_save",
 }
 #: The first release whose offload blocks default to ``pin_memory: true`` (``offload_config.py``):
 #: deepspeedai/DeepSpeed#8207 ("pinned offload buffers by default", commit 7dfa67a), in 0.19.5;

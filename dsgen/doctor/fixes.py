@@ -104,6 +104,7 @@ _STAGE3_ONLY = {
     "hpz_partition_size",
     "quantized_weights",
     "quantized_gradients",
+    "gather_16bit_weights_on_model_save",
 }
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.deepspeed_release import release_key
+from dsgen.estimate.checkpoint_save import NO_SAVE_COPIES, CheckpointSave, checkpoint_save
 from dsgen.estimate.model_states import ModelStates, model_states
 from dsgen.estimate.optimizers import step_temporary_bytes
 from dsgen.estimate.sequence_parallel import long_context_memory
@@ -110,6 +111,29 @@ class HostMemory:
     process: int
     checkpoints: int = 0  # the checkpointed layer inputs checkpoint offload keeps here, all ranks
     capacity_assumed: bool = False  # the spec did not state the node's RAM (Hardware.cpu_memory_assumed)
+    # what a checkpoint save copies here (dsgen.estimate.checkpoint_save), beside the offloaded states
+    checkpoint_save: CheckpointSave = NO_SAVE_COPIES
+    startup: int = 0  # before the offloaded states exist: processes and loading (startup_host_bytes)
+
+    @property
+    def training(self) -> int:
+        """Host bytes while training steps: processes, offloaded states, offloaded checkpoints."""
+        return self.process + self.offloaded_states + self.checkpoints
+
+    @property
+    def saving(self) -> int:
+        """Host bytes while a checkpoint is written (checkpoint offload's copies are gone by then)."""
+        return self.process + self.offloaded_states + self.checkpoint_save.peak
+
+    @property
+    def peak_phase(self) -> str:
+        """When the host peaks, as a phrase for messages: the first phase to reach ``total``."""
+        phases = (
+            ("at start-up", self.startup),
+            ("while training", self.training),
+            ("at a checkpoint save", self.saving),
+        )
+        return next(name for name, value in phases if value == self.total)
 
 
 @dataclass(frozen=True)  # one per candidate plan
@@ -206,10 +230,9 @@ def optimizer_step_temporary(states: ModelStates, plan: Plan, optimizer: Optimiz
     return step_temporary_bytes(optimizer, states.partitioning.stepped)
 
 
-def host_bytes(states: ModelStates, plan: Plan, hardware: Hardware, deepspeed_version: str) -> tuple[int, int]:
-    """(total, offloaded states) of host RAM per node: each of the node's ranks holds what the
-    record says one rank's offload holds, beside its process (``deepspeed_version``: the release
-    whose ZeRO-1/2 start-up is priced, :func:`zero12_host_flattening`)."""
+def offloaded_host_bytes(states: ModelStates, plan: Plan, hardware: Hardware) -> int:
+    """The offloaded model states in host RAM per node, from the engine's start to its end: each
+    of the node's ranks holds what the record says one rank's offload holds."""
     ranks = hardware.gpus_per_node
     offloaded = 0
     if plan.offload_optimizer == "cpu":
@@ -220,14 +243,25 @@ def host_bytes(states: ModelStates, plan: Plan, hardware: Hardware, deepspeed_ve
         offloaded += ranks * states.nvme_optimizer_host
     offloaded += ranks * states.offloaded_parameters_host
     offloaded += ranks * states.pinned_rounding
-    # Loading a checkpoint without zero.Init materialises the full 16-bit model in every process;
-    # those host copies are freed once the engine moves the model to the GPU, before the offloaded
-    # states are allocated, so the two do not add up.
+    return offloaded
+
+
+def process_host_bytes(hardware: Hardware) -> int:
+    """The node's training processes themselves (:data:`HOST_BYTES_PER_RANK` each)."""
+    return hardware.gpus_per_node * HOST_BYTES_PER_RANK
+
+
+def startup_host_bytes(states: ModelStates, plan: Plan, hardware: Hardware, deepspeed_version: str) -> int:
+    """Host bytes per node before the offloaded states exist: the processes and the larger of the
+    loading copies and ZeRO-1/2's host flattening (``deepspeed_version``: the release whose
+    flattening is priced, :func:`zero12_host_flattening`). Loading a checkpoint without zero.Init
+    materialises the full 16-bit model in every process; those host copies are freed once the
+    engine moves the model to the GPU, before the offloaded states are allocated, so the two do
+    not add up."""
+    ranks = hardware.gpus_per_node
     loading = ranks * plan.dtype_bytes * states.partitioning.parameters if plan.zero_stage < 3 else 0
-    process = ranks * HOST_BYTES_PER_RANK
-    return process + max(
-        loading, zero12_host_flattening(states, plan, hardware, deepspeed_version), offloaded
-    ), offloaded
+    flattening = zero12_host_flattening(states, plan, hardware, deepspeed_version)
+    return process_host_bytes(hardware) + max(loading, flattening)
 
 
 #: The first release that builds ZeRO-1/2's flat parameter buffer on the accelerator when it
@@ -318,24 +352,31 @@ def estimate_memory(
     accounting: Accounting = "dsgen",
     *,
     logits_released: bool = False,
+    trainer_saves_model: bool = False,
 ) -> MemoryEstimate:
     """Predict the memory of ``plan`` (pure function of its inputs).
 
     ``logits_released``: the training loop drops the model's returned output (and its 16-bit
     logits) before backward, as the HF Trainer does (:attr:`dsgen.spec.types.Output.logits_released`).
+    ``trainer_saves_model``: each checkpoint also saves the 16-bit model through the HF Trainer
+    (:attr:`dsgen.spec.types.Output.trainer_saves_model`, :mod:`dsgen.estimate.checkpoint_save`).
+
+    Host RAM peaks in one of three phases: start-up (the loading copies or ZeRO-1/2's host
+    flattening, :func:`startup_host_bytes`), training, or a checkpoint save (:class:`HostMemory`).
 
     ``accounting="deepspeed-estimator"`` replaces the model-state terms (GPU parameters, gradients,
     optimizer states and the host's model states) with DeepSpeed's own
     ``estimate_zero2/3_model_states_mem_needs``; activations, buffers and overheads, which that
     estimator ignores, stay dsgen's.
     """
-    process = hardware.gpus_per_node * HOST_BYTES_PER_RANK
+    process = process_host_bytes(hardware)
     states = model_states(shape, plan, training.optimizer.type)
     if accounting == "dsgen":
-        host_total, offloaded = host_bytes(states, plan, hardware, training.deepspeed_version)
+        startup = startup_host_bytes(states, plan, hardware, training.deepspeed_version)
+        offloaded = offloaded_host_bytes(states, plan, hardware)
     elif accounting == "deepspeed-estimator":
         states, offloaded = estimator_model_states(shape, plan, hardware, states)
-        host_total = process + offloaded
+        startup = process
     else:
         raise ValueError(f"unknown accounting {accounting!r}; expected one of {ACCOUNTINGS}")
     zero_buffers = buffer_bytes(shape, plan)
@@ -344,7 +385,8 @@ def estimate_memory(
     long = long_context_memory(shape, plan, training, logits_released)
     acts, transient = long.activations, long.transient
     checkpoints = hardware.gpus_per_node * long.host_per_rank
-    host_total += checkpoints
+    save = checkpoint_save(shape, states, plan, hardware.gpus_per_node, trainer_saves_model)
+    host_total = max(startup, process + offloaded + max(checkpoints, save.peak))
     buffers = zero_buffers + long.buffers
     dynamic = acts.total + buffers + transient
     fixed = CUDA_CONTEXT_BYTES + COMM_LIBRARY_BYTES
@@ -379,6 +421,8 @@ def estimate_memory(
         process=process,
         checkpoints=checkpoints,
         capacity_assumed=hardware.cpu_memory_assumed,
+        checkpoint_save=save,
+        startup=startup,
     )
     nvme_capacity = hardware.nvme.capacity_bytes if hardware.nvme else 0
     nvme = NvmeMemory(total=nvme_bytes(states, hardware), capacity=nvme_capacity)
