@@ -75,6 +75,12 @@ KNOB_FIELDS = (
 TIE_RANKED = 32
 
 
+def ties_fastest(step_s: float, fastest_s: float, band: float = STEP_TIME_TIE_BAND) -> bool:
+    """Whether a plan predicted at ``step_s`` is a tie with the fastest feasible plan: the step-time
+    model cannot tell them apart (:func:`rank_within_error`)."""
+    return step_s <= fastest_s * (1 + band)
+
+
 def _within(limit: float, e: Evaluation) -> bool:
     return e.step.total_s <= limit
 

@@ -8,6 +8,7 @@ from dsgen.estimate.optimizers import client_optimizer_class, is_client_optimize
 from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
 from dsgen.evaluation import Evaluation
 from dsgen.plan import Plan, plan_dict
+from dsgen.ranking import ties_fastest
 from dsgen.solver import SolveResult
 from dsgen.spec.defaults import spec_default
 from dsgen.spec.types import Spec
@@ -189,7 +190,7 @@ def ranked_table(result: SolveResult, top: int) -> str:
             f"{e.tokens_per_s:,.0f}",
             f"{_mfu(e, spec):.1%}",
             f"{e.step.total_s / first:.2f}x",
-            "yes" if e.step.total_s <= fastest * (1 + STEP_TIME_TIE_BAND) else "-",
+            "yes" if ties_fastest(e.step.total_s, fastest) else "-",
         )
         for index, e in enumerate(result.ranked[:top], start=1)
     ]

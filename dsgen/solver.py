@@ -18,12 +18,13 @@ from dsgen.errors import DsgenError, InfeasibleError
 from dsgen.estimate.kernel_limits import KERNEL_LIMIT_HINT, kernel_limit
 from dsgen.estimate.memory import estimate_memory
 from dsgen.estimate.optimizers import is_client_optimizer
+from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
 from dsgen.evaluation import Evaluation, evaluate, usable_bytes
 from dsgen.global_batch import batch_splits, global_batch_target
 from dsgen.knob_variants import ZEROPP_CHOICES, knob_variants, with_zeropp
 from dsgen.long_context import long_context_choices, sequence_parallel_degrees, tricks_within
 from dsgen.plan import LongContext, Plan, ZeroKnobs
-from dsgen.ranking import rank_key, rank_within_error
+from dsgen.ranking import rank_key, rank_within_error, ties_fastest
 from dsgen.spec.types import Spec
 from dsgen.verdict import FitVerdict
 from dsgen.vocabulary import CHECKPOINTING_MODES, OFFLOAD_DEVICES, Accounting, Checkpointing, OffloadDevice, Precision
@@ -388,11 +389,16 @@ def _best_of(evaluations: list[Evaluation], shape: ModelShape) -> Evaluation:
     return min(evaluations, key=lambda e: (e.shortfall(), rank_key(e)))
 
 
-def _compare(top: Evaluation, best: Evaluation | None) -> str:
+def _compare(top: Evaluation, best: Evaluation | None, fastest_s: float | None) -> str:
+    """One line on a plan not chosen: its step time against the chosen plan's, and whether the
+    two are a tie the ranking gave to the simpler plan."""
     if top.feasible:
         text = f"fits; {top.step.total_s:.2f} s/step"
         if best is not None and best.feasible and best.step.total_s > 0:
-            text += f" ({top.step.total_s / best.step.total_s:.2f}x the chosen plan's step time)"
+            text += f" ({top.step.total_s / best.step.total_s:.2f}x the chosen plan's step time"
+            if fastest_s is not None and ties_fastest(top.step.total_s, fastest_s):
+                text += f": a tie, within the model's {STEP_TIME_TIE_BAND:.0%} error"
+            text += ")"
         return text
     return f"does not fit: {top.reason()}"
 
@@ -412,6 +418,7 @@ def solve(spec: Spec, accounting: Accounting = "dsgen") -> SolveResult:
         evaluations, evaluated = evaluations + more, evaluated + counted
     feasible = rank_within_error([e for e in evaluations if e.feasible], spec.model)
     closest = None if feasible else min(evaluations, key=lambda e: (e.shortfall(), rank_key(e)))
+    fastest_s = min((e.step.total_s for e in feasible), default=None)
     pinned = spec.constraints.fully_pinned
     # A fully pinned spec reports that exact plan, feasible or not.
     best = feasible[0] if feasible else (closest if pinned else None)
@@ -425,7 +432,7 @@ def solve(spec: Spec, accounting: Accounting = "dsgen") -> SolveResult:
             alternatives.append(Alternative(stage, None, "excluded by constraints"))
             continue
         top = _best_of(of_stage, spec.model)
-        alternatives.append(Alternative(stage, top, _compare(top, best)))
+        alternatives.append(Alternative(stage, top, _compare(top, best, fastest_s)))
     offload_choices = []
     if shown is not None:
         by_label: dict[str, list[Evaluation]] = {}
@@ -434,7 +441,7 @@ def solve(spec: Spec, accounting: Accounting = "dsgen") -> SolveResult:
         by_label.pop(shown.plan.offload_label(), None)
         for label in sorted(by_label):
             top = _best_of(by_label[label], spec.model)
-            offload_choices.append((label, top, _compare(top, best)))
+            offload_choices.append((label, top, _compare(top, best, fastest_s)))
     return SolveResult(
         spec=spec,
         best=best,
