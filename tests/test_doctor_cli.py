@@ -76,6 +76,14 @@ def test_readme_commands_work_as_written(
                 assert later["step_time_s"] >= fix["step_time_s"] or tied
     if "--error" in args:
         assert "transient" in result.stdout and "expandable_segments:True" in result.stdout
+    if "--json" not in args and "--fix" not in args and result.exit_code == 3:
+        # each key a fix changes reads as the JSON file spells it: old -> new, "(unset)" if absent
+        changes = [line for line in result.stdout.splitlines() if line.startswith("       ") and " -> " in line]
+        assert changes, result.stdout
+        for line in changes:
+            old, new = line.split(": ", 1)[1].split(" -> ")
+            for value in (new,) if old == "(unset)" else (old, new):
+                json.loads(value)  # raises on Python's spellings: None, True, 'cpu'
 
 
 def test_fix_writes_only_the_changed_keys(in_repo_copy: Path, capsys: pytest.CaptureFixture[str]) -> None:

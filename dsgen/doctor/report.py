@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from dsgen.doctor.diagnose import Diagnosis, phase_terms
 from dsgen.doctor.fixes import current_value
+from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
 from dsgen.plan import plan_dict
 from dsgen.report import GPU_TERMS, PHASE_LABELS, host_lines, memory_dict
 from dsgen.units import gib
@@ -169,14 +171,17 @@ def human(d: Diagnosis) -> str:
             lines.append(f"  {note}")
     if d.fixes:
         lines.append("")
-        lines.append("fixes, fastest first:")
+        lines.append(
+            f"fixes, fastest first (step times within the model's {STEP_TIME_TIE_BAND:.0%} error are ties: "
+            "fewer changes first):"
+        )
         for index, fix in enumerate(d.fixes, start=1):
             lines.append(
                 f"  {index}. {fix.label}: GPU {gib(fix.evaluation.memory.gpu.total)}, host {gib(fix.evaluation.memory.cpu.total)}, "
                 f"{fix.evaluation.step.total_s:.3f} s/step"
             )
             for key, value in fix.changes:
-                lines.append(f"       {key}: {current_value(d.config, key)!r} -> {value!r}")
+                lines.append(f"       {key}: {_json_value(current_value(d.config, key))} -> {_json_value(value)}")
             for change in fix.script_changes:
                 lines.append(f"       script: {change}")
         lines.append("  (write the first with --fix -o fixed.json)")
@@ -190,6 +195,11 @@ def human(d: Diagnosis) -> str:
         else:
             lines.append("no plan dsgen solve finds for this spec fits: add GPUs or nodes, or shorten the sequence")
     return "\n".join(lines)
+
+
+def _json_value(value: Any) -> str:
+    """A config value as the JSON file spells it; a key the config leaves out reads "(unset)"."""
+    return "(unset)" if value is None else json.dumps(value)
 
 
 def _relevant(key: str, d: Diagnosis) -> bool:
