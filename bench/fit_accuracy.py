@@ -55,6 +55,7 @@ from dsgen.deepspeed_release import normalize_release  # noqa: E402
 from dsgen.doctor.diagnose import diagnose  # noqa: E402
 from dsgen.evaluation import Evaluation  # noqa: E402
 from dsgen.spec.defaults import spec_default  # noqa: E402
+from dsgen.targets import TARGETS  # noqa: E402
 from dsgen.verdict import BANDS, SAFE_LINE  # noqa: E402
 
 GIB = 1 << 30
@@ -206,6 +207,12 @@ def main(argv: list[str] | None = None) -> int:
         help="bench/data/<name>.yaml, repeatable (default fit_outcomes; fit_heldout*: held out)",
     )
     parser.add_argument("--held-out", action="store_true", help="every bench/data/fit_heldout*.yaml")
+    parser.add_argument(
+        "--target",
+        choices=TARGETS,
+        help="price the doctor's verdicts as this target's training loop runs every case "
+        "(default: the spec's, a loop of the user's own)",
+    )
     args = parser.parse_args(argv)
     names = list(args.corpus)
     if args.held_out:
@@ -213,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     names = list(dict.fromkeys(names)) or ["fit_outcomes"]
     if args.json and len(names) > 1:
         parser.error("--json writes one corpus's rows: name one --corpus")
-    doctor_rows = [row for name in names for row in score_corpus(name, args.case, args.json)]
+    doctor_rows = [row for name in names for row in score_corpus(name, args.case, args.json, args.target)]
     if len(names) > 1:
         right_n = sum(row.right for row in doctor_rows)
         total = len(doctor_rows)
@@ -278,7 +285,7 @@ def wilson_text(successes: int, trials: int) -> str:
     return f"95 % interval {low:.0%}-{high:.0%}"
 
 
-def score_corpus(name: str, case_ids: list[str], json_path: Path | None) -> list[DoctorRow]:
+def score_corpus(name: str, case_ids: list[str], json_path: Path | None, target: str | None = None) -> list[DoctorRow]:
     """Print every figure of one corpus; returns the doctor's verdict on each case."""
     print(f"=== bench/data/{name}.yaml")
     corpus = load_corpus(name)
@@ -407,7 +414,7 @@ def score_corpus(name: str, case_ids: list[str], json_path: Path | None) -> list
         print(
             f"DeepSpeed estimator {n}/{m} ({n / m:.0%}) - {ds_source}; stage-0 cases have no estimator and are not counted"
         )
-    doctor_rows = doctor_verdicts(cases, corpus)
+    doctor_rows = doctor_verdicts(cases, corpus, target)
     if json_path:
         json_path.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     return doctor_rows
@@ -435,13 +442,15 @@ class DoctorRow:
         return str(self.case["outcome"])
 
 
-def doctor_verdicts(cases: list[dict[str, Any]], corpus: dict[str, Any]) -> list[DoctorRow]:
-    """What ``dsgen doctor`` says of every run, and the calibration of its bands."""
+def doctor_verdicts(cases: list[dict[str, Any]], corpus: dict[str, Any], target: str | None = None) -> list[DoctorRow]:
+    """What ``dsgen doctor`` says of every run, and the calibration of its bands (``target``:
+    :func:`outcome_specs.doctor_spec`)."""
     print()
-    print("dsgen doctor's own verdict per case (the run's config, a spec pinning only checkpointing):")
+    loop = f", run by the {target} target's loop" if target else ""
+    print(f"dsgen doctor's own verdict per case (the run's config, a spec pinning only checkpointing{loop}):")
     rows = []
     for case in cases:
-        spec = doctor_spec(case, corpus)
+        spec = doctor_spec(case, corpus, target)
         d = diagnose(doctor_config(case, corpus, spec.model), spec, max_fixes=0)
         ok = d.fit.likely == DOCTOR_RIGHT[case["outcome"]]
         rows.append(DoctorRow(case, d.fit.fill, d.verdict, ok))

@@ -245,11 +245,14 @@ def doctor_config(case: dict[str, Any], corpus: dict[str, Any], shape: ModelShap
     return config
 
 
-def doctor_spec(case: dict[str, Any], corpus: dict[str, Any]) -> Spec:
+def doctor_spec(case: dict[str, Any], corpus: dict[str, Any], target: str | None = None) -> Spec:
     """The spec ``dsgen doctor`` is given for the run: the cluster, sequence, attention, optimizer and
-    whether the script checkpoints; nothing else pinned, the default memory_headroom."""
+    whether the script checkpoints; nothing else pinned, the default memory_headroom. ``target``:
+    whose training loop runs the config (``output.target``; the spec's default when None)."""
     mapping = spec_mapping(case, corpus)
     mapping["constraints"] = {"activation_checkpointing": case["activation_checkpointing"]}
+    if target is not None:
+        mapping["output"] = {"target": target}
     if case.get("nvme_gib") or case["offload_optimizer"] == "nvme" or case["offload_param"] == "nvme":
         mapping["hardware"]["nvme"] = {"path": "/local_nvme", "capacity_gib": case.get("nvme_gib", 3500)}
     return build_spec(mapping)
