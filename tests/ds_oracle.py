@@ -224,6 +224,30 @@ def worker_env() -> dict[str, str]:
     return env
 
 
+def run_launch_script(bundle_dir: Path, script: Path, args: list[str], *, cwd: Path) -> str:
+    """Start a rendered bundle's own ``launch.sh`` with ``script`` as its training script (the
+    bundle reads ``TRAIN_SCRIPT``) on this machine's CPU ranks; fails the test unless every rank
+    exits 0, and returns the log (also written to ``cwd/launch.log``)."""
+    from tests.conftest import free_port
+
+    prebuild_ops(["ShareMemCommBuilder", "FusedAdamBuilder"])
+    env = worker_env()
+    env.update(TRAIN_SCRIPT=str(script), MASTER_PORT=str(free_port()))
+    proc = subprocess.run(
+        [str(bundle_dir / "launch.sh"), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+    log = proc.stdout + proc.stderr
+    (cwd / "launch.log").write_text(log)
+    assert proc.returncode == 0, log[-6000:]
+    return log
+
+
 def _ops_for(config: dict[str, Any]) -> list[str]:
     """The DeepSpeed CPU op builders a training run with ``config`` will load (best effort).
 

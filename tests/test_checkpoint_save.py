@@ -7,7 +7,6 @@ measures, on each rank, the state dict ``Trainer.save_model`` builds and the lar
 from __future__ import annotations
 
 import json
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 from dsgen.api import load_spec, render_bundle, solve_spec
 from dsgen.evaluation import evaluate
 from dsgen.targets.bundle import write_bundle
-from tests.conftest import EXAMPLES_DIR, free_port, require_module
+from tests.conftest import EXAMPLES_DIR, require_module
 from tests.test_deepspeed_oracle import TINY_SPEC
 
 SCRIPT = Path(__file__).resolve().parent / "hf_trainer_script.py"
@@ -56,22 +55,9 @@ def test_checkpoint_save_host_copies_match_the_trainer(stage: int, tied: bool, p
     dest = tmp_path / "bundle"
     write_bundle(bundle, dest, force=False)
 
-    ds_oracle.prebuild_ops(["ShareMemCommBuilder", "FusedAdamBuilder"])
-    env = ds_oracle.worker_env()
-    env.update(TRAIN_SCRIPT=str(SCRIPT), MASTER_PORT=str(free_port()))
     probe = tmp_path / "probe"
     args = ["--model-config", str(config_file), "--max-steps", "2", "--output-dir", str(tmp_path / "out")]
-    proc = subprocess.run(
-        [str(dest / "launch.sh"), *args, "--probe-save", str(probe)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        check=False,
-    )
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-6000:]
+    ds_oracle.run_launch_script(dest, SCRIPT, [*args, "--probe-save", str(probe)], cwd=tmp_path)
     ranks = [json.loads((probe / f"rank{r}.json").read_text()) for r in range(2)]
     assert any((tmp_path / "out").glob("checkpoint-2/global_step2/*optim_states.pt")), "no ZeRO checkpoint written"
 

@@ -5,13 +5,12 @@ CPU run of the hf-trainer bundle with Ulysses SP = 2."""
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from dsgen.api import load_spec, render_bundle, solve_spec
-from tests.conftest import EXAMPLES_DIR, free_port, require_module
+from tests.conftest import EXAMPLES_DIR, require_module
 
 SPEC = """\
 model: {{preset: llama-3.1-8b}}
@@ -133,23 +132,9 @@ def test_hf_trainer_sp2_bundle_trains_two_steps(tmp_path: Path, ranks: int) -> N
     for name, text in bundle.files.items():
         (dest / name).write_text(text)
     (dest / "launch.sh").chmod(0o755)
-    ds_oracle.prebuild_ops(["ShareMemCommBuilder", "FusedAdamBuilder"])
-    env = ds_oracle.worker_env()
-    env.update(
-        TRAIN_SCRIPT=str(Path(__file__).resolve().parent / "hf_trainer_sp_script.py"), MASTER_PORT=str(free_port())
-    )
     args = ["--model-config", str(config), "--max-steps", "2", "--seq-len", "32", "--output-dir", str(tmp_path / "out")]
-    proc = subprocess.run(
-        [str(dest / "launch.sh"), *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        check=False,
-    )
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-6000:]
+    script = Path(__file__).resolve().parent / "hf_trainer_sp_script.py"
+    log = ds_oracle.run_launch_script(dest, script, args, cwd=tmp_path)
     match = re.search(r"DSGEN_SP (.*)", log)
     assert match, log[-6000:]
     info = dict(item.split("=", 1) for item in match.group(1).split())

@@ -37,7 +37,7 @@ from dsgen.spec.types import Spec
 from dsgen.targets import ALLOWED_LAUNCHERS, DEFAULT_LAUNCHER
 from dsgen.targets.bundle import Bundle, write_bundle
 from dsgen.validate import validate_config
-from tests.conftest import EXAMPLES_DIR, _missing, free_port, require_module
+from tests.conftest import EXAMPLES_DIR, _missing, require_module
 
 # (example spec, overrides, global batch the spec asks for, nodes, GPUs per node)
 PLANS: dict[str, tuple[str, list[str], int, int, int]] = {
@@ -486,22 +486,9 @@ def test_hf_trainer_bundle_trains_two_steps_through_its_launch_script(tmp_path: 
     plan = solve_spec(spec).best.plan  # type: ignore[union-attr]
     assert plan.data_parallel_size == 2 and plan.gradient_accumulation_steps == 2  # 8 = 2 x 2 x 2
     dest = _write(render_bundle(spec, plan, "hf-trainer"), tmp_path)
-    ds_oracle.prebuild_ops(["ShareMemCommBuilder", "FusedAdamBuilder"])
-    env = ds_oracle.worker_env()
-    env.update(TRAIN_SCRIPT=str(Path(__file__).resolve().parent / "hf_trainer_script.py"), MASTER_PORT=str(free_port()))
     script_args = ["--model-config", str(config), "--max-steps", "2", "--output-dir", str(tmp_path / "out")]
-    proc = subprocess.run(
-        [str(dest / "launch.sh"), *script_args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        check=False,
-    )
-    log = proc.stdout + proc.stderr
-    (tmp_path / "launch.log").write_text(log)
-    assert proc.returncode == 0, log[-6000:]
+    script = Path(__file__).resolve().parent / "hf_trainer_script.py"
+    log = ds_oracle.run_launch_script(dest, script, script_args, cwd=tmp_path)
     match = re.search(r"DSGEN_TRAINER (.*)", log)
     assert match, log[-6000:]
     info = dict(item.split("=", 1) for item in match.group(1).split())
