@@ -114,3 +114,39 @@ def test_the_doctor_prices_the_trainers_state_dict_only_where_the_trainer_builds
     # no Trainer arguments: the config is run by a script of its own, priced as save_checkpoint
     assert _doctor_save(3, trainer=False, gather=True) == 0
     assert _doctor_save(2, trainer=False, gather=None) == 0
+
+
+def test_a_save_that_runs_out_on_the_gathered_model_names_the_key_that_drops_it() -> None:
+    # Llama-3.1-70B, ZeRO-3 with the optimizer offloaded, HF Trainer, 8 x A100 80GB and 1,250 GiB
+    # of host RAM: the save peaks above training by rank 0's gathered bf16 model, 2 x
+    # 70,553,706,496 parameters (its safetensors index's total_size, 141,107,412,992 bytes)
+    from dsgen.doctor.diagnose import diagnose
+    from dsgen.spec.loader import load_spec_text
+
+    spec = load_spec_text(
+        "model: {preset: llama-3.1-70b}\n"
+        "hardware: {gpu: a100-80gb, gpus_per_node: 8, nodes: 1, cpu_memory_gib: 1250}\n"
+        "training: {sequence_length: 4096, global_batch_size: 64, attention: flash}\n"
+        "constraints: {activation_checkpointing: true}\n"
+    )
+    zero = {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True}}
+    config = {
+        "train_batch_size": 64,
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 8,
+        "bf16": {"enabled": True},
+        "zero_optimization": {**zero, "stage3_gather_16bit_weights_on_model_save": True},
+    }
+    args = {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 8, "bf16": True}
+    d = diagnose(config, spec, trainer_args=args)
+    assert d.evaluation is not None and d.verdict == "host-oom"
+    cpu = d.evaluation.memory.cpu
+    assert (cpu.checkpoint_save.state_dict, cpu.checkpoint_save.engine) == (141_107_412_992, 0)
+    assert cpu.total == cpu.saving == cpu.training + 141_107_412_992
+    (finding,) = [f for f in d.findings if f.code == "host-memory"]
+    assert "at a checkpoint save" in finding.message
+    assert finding.hint is not None and '"stage3_gather_16bit_weights_on_model_save": false' in finding.hint
+    # without the gather the Trainer builds no state dict: the save adds nothing, and no hint
+    plain = diagnose({**config, "zero_optimization": zero}, spec, trainer_args=args)
+    assert plain.evaluation is not None and plain.evaluation.memory.cpu.checkpoint_save.state_dict == 0
+    assert all(f.hint is None or "gather" not in f.hint for f in plain.findings)

@@ -465,6 +465,20 @@ def _price(spec: Spec, trainer_args: Mapping[str, Any] | None, r: _Resolution, v
     return _Pricing(config_plan, evaluation, fit, dominant, tuple(findings))
 
 
+def _gathered_save_hint(evaluation: Evaluation) -> str | None:
+    """When the HF Trainer's gathered 16-bit model is what a ZeRO-3 checkpoint save runs out on,
+    the key that drops it (the Trainer then saves DeepSpeed's checkpoint alone: transformers
+    ``trainer.py`` ``save_model``'s fallback), and what it saves; None otherwise."""
+    cpu = evaluation.memory.cpu
+    save = cpu.checkpoint_save
+    if evaluation.plan.zero_stage != 3 or cpu.saving != cpu.total or save.state_dict <= save.engine:
+        return None
+    return (
+        f'"stage3_gather_16bit_weights_on_model_save": false saves {gib(save.state_dict - save.engine)} of host RAM at '
+        "each save: the Trainer writes DeepSpeed's checkpoint alone, and zero_to_fp32.py in it recovers the weights"
+    )
+
+
 def _memory_findings(
     spec: Spec, evaluation: Evaluation | None, fit: FitVerdict, dominant: Dominant | None
 ) -> list[DoctorFinding]:
@@ -503,7 +517,14 @@ def _memory_findings(
             )
         )
     if fit.verdict == "host-oom":
-        findings.append(DoctorFinding("error", "host-memory", f"predicted {evaluation.reason()}"))
+        findings.append(
+            DoctorFinding(
+                "error",
+                "host-memory",
+                f"predicted to run out: the config {evaluation.reason()}",
+                _gathered_save_hint(evaluation),
+            )
+        )
     if evaluation.host_unjudged:
         cpu = evaluation.memory.cpu
         findings.append(
