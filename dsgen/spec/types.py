@@ -155,8 +155,9 @@ class Output:
     def trainer_saves_model(self) -> bool:
         """Whether each checkpoint also saves the model through the HF Trainer's ``save_model``,
         which builds a 16-bit state dict on the host (dsgen.estimate.checkpoint_save). Lightning
-        saves through DeepSpeed's ``save_checkpoint`` alone; the other targets run the user's
-        loop, priced as saving with ``save_checkpoint`` (``accelerator.save_state`` does)."""
+        saves through DeepSpeed's ``save_checkpoint`` alone (``strategies/deepspeed.py``
+        ``DeepSpeedStrategy.save_checkpoint``); the other targets run the user's loop, priced as
+        saving with ``save_checkpoint`` (``accelerator.save_state`` does)."""
         return self.target == "hf-trainer"
 
 
