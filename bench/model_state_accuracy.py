@@ -174,6 +174,7 @@ def prepare(config_json: Path, case: Case) -> dict[str, Any]:
     """Solve and render the case with dsgen; return the DeepSpeed config and dsgen's prediction."""
     from dsgen.estimate.memory import buffer_bytes, offloaded_host_bytes, step_buffer_bytes
     from dsgen.estimate.model_states import model_states
+    from dsgen.estimate.zero12_offload import zero12_pinned_rounding
     from dsgen.render import render
     from dsgen.solver import solve
     from dsgen.spec.loader import load_spec_text
@@ -193,10 +194,11 @@ def prepare(config_json: Path, case: Case) -> dict[str, Any]:
         plan = dataclasses.replace(plan, offload_ratio=1.0)
     optimizer = spec.training.optimizer.type
     record = model_states(spec.model, plan, optimizer)
-    host = offloaded_host_bytes(record, plan, spec.hardware) // spec.hardware.gpus_per_node
+    release = spec.training.deepspeed_version
+    host = offloaded_host_bytes(record, plan, spec.hardware, release) // spec.hardware.gpus_per_node
     # DeepSpeed's CPU accelerator pins nothing (cpu_accelerator.py ``pin_memory`` is a no-op), so the
     # pinned blocks' power-of-two rounding a GPU host pays is not in what this bench can measure
-    host -= record.pinned_rounding
+    host -= record.pinned_rounding + zero12_pinned_rounding(record, plan, release)
     return {
         "config": render(spec, plan).config,
         "predicted": {

@@ -248,7 +248,7 @@ def _host(spec: Spec, plan: Plan) -> tuple[int, int]:
     """(start-up, offloaded states) host bytes per node."""
     states = model_states(spec.model, plan, "adamw")
     startup = startup_host_bytes(states, plan, spec.hardware, spec.training.deepspeed_version)
-    return startup, offloaded_host_bytes(states, plan, spec.hardware)
+    return startup, offloaded_host_bytes(states, plan, spec.hardware, spec.training.deepspeed_version)
 
 
 def test_llama_8b_host_without_offload() -> None:
@@ -349,17 +349,45 @@ def test_llama_8b_host_loading_copy_and_offload_do_not_add_up() -> None:
     # ZeRO-2 CPU AdamW offload, per rank: (4 master + 8 moments + 4 fp32 grads + 2 bf16 slice) * S
     # + the bf16 largest-tensor staging buffer 2 * EMBED = 18_068_087_808 + 1_050_673_152
     # = 19_118_760_960; * 8 = 152_950_087_680 > the loading copy 8 * 2 * P = 128_484_179_968.
-    offloaded = G * (18 * PART + 2 * EMBED)
-    assert offloaded == 152_950_087_680
+    tensors = G * (18 * PART + 2 * EMBED)
+    assert tensors == 152_950_087_680
+    # pinned (pin_memory true, 0.19.8), each block rounded up to a power of two, per rank: the fp32
+    # master and the fp32 gradient, 4 * S = 4_015_130_624 -> 2^32: + 279_836_672 each; the bf16
+    # staging slice 2 * S = 2_007_565_312 -> 2^31: + 139_918_336; the largest-tensor gradient
+    # buffer 2 * EMBED = 1_050_673_152 -> 2^30: + 23_068_672. 722_660_352 per rank, * 8:
+    rounding = G * (2 * 279_836_672 + 139_918_336 + 23_068_672)
+    assert rounding == 5_781_282_816
+    offloaded = tensors + rounding
     # start-up = process + loading; training = process + offloaded = 25_769_803_776 +
-    # 152_950_087_680 = 178_719_891_456: the loading copies are gone by then, they do not add up
+    # 158_731_370_496 = 184_501_174_272: the loading copies are gone by then, they do not add up
     assert _host(spec, plan) == (G * 3 * GIB + G * W * P, offloaded)
     # a checkpoint save: rank 0 writes the module, whose bf16 parameters are views of one flat
     # buffer on the GPU, copied to the host whole, 2 * P = 16_060_522_496 (the offloaded fp32
-    # partitions are host tensors already): 178_719_891_456 + 16_060_522_496 = 194_780_413_952
+    # partitions are host tensors already): 184_501_174_272 + 16_060_522_496 = 200_561_696_768
     cpu = estimate_memory(spec.model, plan, spec.hardware, spec.training).cpu
-    assert (cpu.training, cpu.checkpoint_save.engine) == (178_719_891_456, W * P)
-    assert cpu.total == G * 3 * GIB + offloaded + W * P == 194_780_413_952
+    assert (cpu.training, cpu.checkpoint_save.engine) == (184_501_174_272, W * P)
+    assert cpu.total == G * 3 * GIB + offloaded + W * P == 200_561_696_768
+
+
+def test_zero12_offload_host_by_release() -> None:
+    """The same ZeRO-2 plan on the releases dsgen prices (stage_1_and_2.py at each tag)."""
+    spec = _spec()
+    states = model_states(spec.model, _plan(2, opt="cpu"), "adamw")
+    tensors = 18 * PART + 2 * EMBED  # per rank, as 0.19.8 allocates them (above)
+    per_rank = {}
+    for release in ("0.14.5", "0.16.9", "0.19.8"):
+        for pin in (False, True):
+            plan = _plan(2, opt="cpu", knobs=ZeroKnobs(pin_optimizer_offload=pin))
+            per_rank[release, pin] = offloaded_host_bytes(states, plan, spec.hardware, release) // G
+    # 0.19.8 pins only what pin_memory asks for: unpinned, the tensors themselves
+    assert per_rank["0.19.8", False] == tensors
+    assert per_rank["0.19.8", True] == tensors + 722_660_352
+    # before 0.17.0 there is no bf16 staging slice on the host (2 * S less), and before 0.18.3
+    # the fp32 master is pinned whatever the config says (+ 279_836_672 rounding even unpinned);
+    # pinned, the gradient and the largest-tensor buffer round too (+ 279_836_672 + 23_068_672)
+    for release in ("0.14.5", "0.16.9"):
+        assert per_rank[release, False] == tensors - 2 * PART + 279_836_672
+        assert per_rank[release, True] == tensors - 2 * PART + 2 * 279_836_672 + 23_068_672
 
 
 def test_pinned_blocks_round_up_to_powers_of_two() -> None:

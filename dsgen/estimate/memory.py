@@ -18,6 +18,7 @@ from dsgen.estimate.checkpoint_save import NO_SAVE_COPIES, CheckpointSave, check
 from dsgen.estimate.model_states import ModelStates, model_states
 from dsgen.estimate.optimizers import step_temporary_bytes
 from dsgen.estimate.sequence_parallel import long_context_memory
+from dsgen.estimate.zero12_offload import offload_write_back_copy, zero12_pinned_rounding, zero12_staging_bytes
 from dsgen.plan import Plan
 from dsgen.spec.types import Hardware, Optimizer, Training
 from dsgen.units import FP32, GIB
@@ -200,26 +201,6 @@ def _hpz_secondary_bytes(shape: ModelShape, plan: Plan) -> int:
     return plan.dtype_bytes * -(-shape.parameter_count() // k.hpz_partition_size)
 
 
-#: ZeRO-1/2 with CPU optimizer offload, from deepspeedai/DeepSpeed#5301 (0.14.1) until #7309
-#: (0.17.0, which stages through a 16-bit host buffer instead): ``DeepSpeedZeroOptimizer.step``
-#: writes the updated weights back with ``bit16_partitions[partition_id].data.copy_(
-#: fp32_partition.to(get_accelerator().current_device_name()).data)``, an fp32 copy of the rank's
-#: partition on the GPU (read in ``stage_1_and_2.py`` at v0.14.0, v0.14.1, v0.16.9 and v0.17.0).
-#: The range is half-open: [first release with the copy, first release without it).
-OFFLOAD_WRITE_BACK_COPY: tuple[tuple[int, ...], tuple[int, ...]] = ((0, 14, 1), (0, 17, 0))
-
-
-def writes_back_through_gpu(deepspeed_version: str) -> bool:
-    """Whether this release's ZeRO-1/2 CPU offload writes the weights back through a GPU fp32 copy."""
-    since, until = OFFLOAD_WRITE_BACK_COPY
-    return since <= release_key(deepspeed_version) < until
-
-
-def offload_write_back_copy(plan: Plan, deepspeed_version: str) -> bool:
-    """Whether this plan's optimizer step makes that copy (ZeRO-1/2, optimizer offloaded to the CPU)."""
-    return plan.zero_stage in (1, 2) and plan.offload_optimizer == "cpu" and writes_back_through_gpu(deepspeed_version)
-
-
 def optimizer_step_temporary(states: ModelStates, plan: Plan, optimizer: Optimizer, deepspeed_version: str) -> int:
     """GPU bytes the optimizer's step allocates beyond its states (optimizers.step_temporary_bytes)
     over what DeepSpeed hands it at once (``Partitioning.stepped``). Offloaded optimizers step on
@@ -230,19 +211,21 @@ def optimizer_step_temporary(states: ModelStates, plan: Plan, optimizer: Optimiz
     return step_temporary_bytes(optimizer, states.partitioning.stepped)
 
 
-def offloaded_host_bytes(states: ModelStates, plan: Plan, hardware: Hardware) -> int:
+def offloaded_host_bytes(states: ModelStates, plan: Plan, hardware: Hardware, deepspeed_version: str) -> int:
     """The offloaded model states in host RAM per node, from the engine's start to its end: each
-    of the node's ranks holds what the record says one rank's offload holds."""
+    of the node's ranks holds what the record says one rank's offload holds, as this release
+    allocates and pins it (:mod:`dsgen.estimate.zero12_offload`)."""
     ranks = hardware.gpus_per_node
     offloaded = 0
     if plan.offload_optimizer == "cpu":
         # fp32 master weights (also in fp32 training), optimizer states, fp32 gradients and the
         # 16-bit staging copies DeepSpeed pins for offload (ModelStates.offloaded_optimizer)
-        offloaded += int(ranks * states.offloaded_optimizer * plan.offload_ratio)
+        per_rank = states.offloaded_optimizer - zero12_staging_bytes(states, plan, deepspeed_version)
+        offloaded += int(ranks * per_rank * plan.offload_ratio)
     elif plan.offload_optimizer == "nvme":
         offloaded += ranks * states.nvme_optimizer_host
     offloaded += ranks * states.offloaded_parameters_host
-    offloaded += ranks * states.pinned_rounding
+    offloaded += ranks * (states.pinned_rounding + zero12_pinned_rounding(states, plan, deepspeed_version))
     return offloaded
 
 
@@ -373,7 +356,7 @@ def estimate_memory(
     states = model_states(shape, plan, training.optimizer.type)
     if accounting == "dsgen":
         startup = startup_host_bytes(states, plan, hardware, training.deepspeed_version)
-        offloaded = offloaded_host_bytes(states, plan, hardware)
+        offloaded = offloaded_host_bytes(states, plan, hardware, training.deepspeed_version)
     elif accounting == "deepspeed-estimator":
         states, offloaded = estimator_model_states(shape, plan, hardware, states)
         startup = process
