@@ -7,6 +7,7 @@ measures, on each rank, the state dict ``Trainer.save_model`` builds and the lar
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,6 +28,29 @@ SCRIPT = Path(__file__).resolve().parent / "hf_trainer_script.py"
 CASES = [(2, True, "bf16"), (2, False, "fp32"), (3, False, "bf16")]
 
 
+def _measure(bundle: Path, config_file: Path, tmp_path: Path) -> list[dict[str, int]]:
+    """Each rank's probe record from one run of the bundle.
+
+    A rank writes its record once ``trainer.train()`` has returned, the save done. A rank that
+    then aborts in gloo's teardown (:data:`tests.ds_oracle.GLOO_ABORT`) does not spoil what was
+    measured; any other failure does. Once in about ten CI runs (2026-12-03) a rank aborted that
+    way before its record was written, at the ZeRO-3 save; the cause is not found, and such a run
+    is repeated once."""
+    from tests import ds_oracle
+
+    probe = tmp_path / "probe"
+    args = ["--model-config", str(config_file), "--max-steps", "2", "--output-dir", str(tmp_path / "out")]
+    for attempt in (1, 2):
+        shutil.rmtree(probe, ignore_errors=True)
+        returncode, log = ds_oracle.launch_script(bundle, SCRIPT, [*args, "--probe-save", str(probe)], cwd=tmp_path)
+        records = [probe / f"rank{r}.json" for r in range(2)]
+        if all(record.is_file() for record in records):
+            assert returncode == 0 or ds_oracle.GLOO_ABORT in log, log[-6000:]
+            return [json.loads(record.read_text()) for record in records]
+        assert attempt == 1 and ds_oracle.GLOO_ABORT in log, log[-6000:]
+    raise AssertionError("unreachable")
+
+
 @pytest.mark.slow
 @pytest.mark.deepspeed
 @pytest.mark.parametrize(
@@ -35,7 +59,6 @@ CASES = [(2, True, "bf16"), (2, False, "fp32"), (3, False, "bf16")]
 def test_checkpoint_save_host_copies_match_the_trainer(stage: int, tied: bool, precision: str, tmp_path: Path) -> None:
     require_module("transformers")
     require_module("accelerate")
-    from tests import ds_oracle
 
     config = json.loads((EXAMPLES_DIR / "tiny-llama" / "config.json").read_text())
     config["tie_word_embeddings"] = tied
@@ -55,10 +78,7 @@ def test_checkpoint_save_host_copies_match_the_trainer(stage: int, tied: bool, p
     dest = tmp_path / "bundle"
     write_bundle(bundle, dest, force=False)
 
-    probe = tmp_path / "probe"
-    args = ["--model-config", str(config_file), "--max-steps", "2", "--output-dir", str(tmp_path / "out")]
-    ds_oracle.run_launch_script(dest, SCRIPT, [*args, "--probe-save", str(probe)], cwd=tmp_path)
-    ranks = [json.loads((probe / f"rank{r}.json").read_text()) for r in range(2)]
+    ranks = _measure(dest, config_file, tmp_path)
     assert any((tmp_path / "out").glob("checkpoint-2/global_step2/*optim_states.pt")), "no ZeRO checkpoint written"
 
     # The Trainer's state dict: on both ranks at ZeRO-2, on rank 0 alone at ZeRO-3 (the training
