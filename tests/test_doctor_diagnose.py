@@ -135,3 +135,29 @@ def test_partial_offload_fixes_are_accepted_by_deepspeed() -> None:
             parsed.zero_config.offload_optimizer.ratio == dict(fix.changes)["zero_optimization.offload_optimizer.ratio"]
         )
         assert parsed.train_batch_size == 64
+
+
+def test_a_fix_that_moves_to_zero3_keeps_saving_the_model() -> None:
+    """A ZeRO-2 run whose fixes move it to ZeRO-3: each such fix turns on the 16-bit gather on save
+    (without it, at ZeRO-3, the HF Trainer's save_model writes no weights and Accelerate's
+    get_state_dict raises), and DeepSpeed's own parser reads it on. A config already at ZeRO-3
+    keeps its own setting: the fixes leave the key alone."""
+    from tests.conftest import require_module
+
+    require_module("deepspeed")
+    from tests.ds_oracle import parse_with_deepspeed
+
+    key = "zero_optimization.stage3_gather_16bit_weights_on_model_save"
+    spec = _spec(activation_checkpointing=None)
+    zero2 = {**CONFIG, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}
+    zero2["zero_optimization"] = {"stage": 2}
+    to_zero3 = [f for f in diagnose(zero2, spec, max_fixes=20).fixes if f.evaluation.plan.zero_stage == 3]
+    assert to_zero3
+    for fix in to_zero3:
+        assert dict(fix.changes)[key] is True, fix.label
+        assert parse_with_deepspeed(fix.config, 8).zero_config.gather_16bit_weights_on_model_save is True
+
+    zero3 = {**zero2, "zero_optimization": {"stage": 3}}
+    fixes = diagnose(zero3, spec, max_fixes=20).fixes
+    assert fixes
+    assert all(key not in dict(fix.changes) for fix in fixes)

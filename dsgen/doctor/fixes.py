@@ -158,19 +158,33 @@ def plan_changes(
     return tuple(changes), script
 
 
+def _saving_as_before(target: Plan, current: Plan) -> Plan:
+    """``target`` with the user's own 16-bit gather on save where the run is at ZeRO-3 already, and
+    the solver's (on) for a move to ZeRO-3. The key costs no GPU memory, so a fix has no reason to
+    change a ZeRO-3 user's choice; but without the gather a ZeRO-3 run saves no model weights where
+    its ZeRO-1/2 run did: the HF Trainer's ``save_model`` falls back to a DeepSpeed checkpoint and
+    Accelerate's ``get_state_dict`` raises ValueError."""
+    if current.zero_stage < 3:
+        return target
+    knobs = replace(target.knobs, gather_16bit_weights_on_model_save=current.knobs.gather_16bit_weights_on_model_save)
+    return replace(target, knobs=knobs)
+
+
 def _near(candidate: Plan, current: Plan) -> Plan:
     """``candidate``'s structure and batch with the user's own ZeRO knobs, except what the structure
-    needs: ZeRO++ as the solver chose it, and the sub-groups partial offload splits the partition into."""
+    needs: ZeRO++ as the solver chose it, the sub-groups partial offload splits the partition into,
+    and the gather on save of a move to ZeRO-3 (:func:`_saving_as_before`)."""
     chosen = candidate.knobs
     knobs: ZeroKnobs = replace(
         current.knobs,
         hpz_partition_size=chosen.hpz_partition_size,
         quantized_weights=chosen.quantized_weights,
         quantized_gradients=chosen.quantized_gradients,
+        gather_16bit_weights_on_model_save=chosen.gather_16bit_weights_on_model_save,
     )
     if candidate.offload_ratio < 1:
         knobs = replace(knobs, sub_group_size=min(knobs.sub_group_size, candidate.knobs.sub_group_size))
-    return replace(candidate, knobs=knobs)
+    return _saving_as_before(replace(candidate, knobs=knobs), current)
 
 
 DEVICE_NAMES: dict[OffloadDevice, str] = {"none": "no", "cpu": "CPU", "nvme": "NVMe"}
@@ -235,7 +249,7 @@ def find_fixes(
     for index, candidate in enumerate(candidates):
         if index >= CANDIDATES and found:
             break
-        for target in (_near(candidate.plan, current), candidate.plan):
+        for target in (_near(candidate.plan, current), _saving_as_before(candidate.plan, current)):
             changes, script = plan_changes(config, current, target, spec, trainer)
             if not changes and not script:
                 continue
