@@ -6,6 +6,7 @@ import json
 import re
 import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -187,3 +188,22 @@ def test_host_ram_the_spec_does_not_state_is_not_judged(tmp_path: Path, capsys: 
     stated = run_cli(["doctor", str(config), "--spec", str(spec), "--json"], capsys)
     assert stated.exit_code == 3
     assert json.loads(stated.stdout)["verdict"] == "host-oom"
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        ({"per_device_eval_batch_size": "8"}, "per_device_eval_batch_size must be an integer"),
+        ({"per_device_eval_batch_size": 0}, "per_device_eval_batch_size must be at least 1"),
+        ({"eval_strategy": "sometimes"}, "eval_strategy must be one of 'no', 'steps', 'epoch'"),
+        ({"evaluation_strategy": 1}, "evaluation_strategy must be one of"),
+        ({"do_eval": "yes"}, "do_eval must be true or false"),
+    ],
+)
+def test_bad_evaluation_arguments_exit_2_naming_the_field(
+    args: dict[str, Any], field: str, in_repo_copy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (in_repo_copy / "args.json").write_text(json.dumps(args))
+    result = run_cli([*EXAMPLE, "--training-args", "args.json"], capsys)
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    assert f"args.json: {field}" in result.stderr and "Traceback" not in result.stderr

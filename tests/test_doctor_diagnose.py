@@ -161,3 +161,24 @@ def test_a_fix_that_moves_to_zero3_keeps_saving_the_model() -> None:
     fixes = diagnose(zero3, spec, max_fixes=20).fixes
     assert fixes
     assert all(key not in dict(fix.changes) for fix in fixes)
+
+
+def test_an_evaluation_batch_larger_than_the_micro_batch_is_named() -> None:
+    """With Trainer arguments that evaluate, an evaluation batch above the training micro-batch
+    (8, the Trainer's default, when none is passed) is a warning whose hint is the micro-batch;
+    an evaluation at the micro-batch, or none at all, says nothing of it."""
+    config = {**CONFIG, "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"}
+    spec = _spec(activation_checkpointing="full")
+    train = {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 8, "bf16": True}
+
+    def eval_findings(**args: Any) -> list[Any]:
+        d = diagnose(config, spec, trainer_args={**train, **args})
+        return [f for f in d.findings if f.code == "eval-batch"]
+
+    (default,) = eval_findings(eval_strategy="steps", eval_steps=100)
+    assert "evaluation runs 8 sequences" in default.message and "the Trainer's default" in default.message
+    assert default.severity == "warning" and default.hint.startswith("pass --per_device_eval_batch_size 1 ")
+    (given,) = eval_findings(do_eval=True, per_device_eval_batch_size=4)
+    assert "runs 4 sequences" in given.message and "4x the micro-batch of 1" in given.message
+    assert eval_findings(eval_strategy="steps", per_device_eval_batch_size=1) == []
+    assert eval_findings() == []  # no evaluation: the default batch never runs

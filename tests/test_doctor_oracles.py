@@ -187,3 +187,30 @@ def test_the_doctors_trainer_defaults_are_transformers_own(tmp_path: Path) -> No
 
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True)
     assert {name: getattr(args, name) for name in TRAINER_DEFAULTS} == TRAINER_DEFAULTS
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        {},
+        {"eval_strategy": "steps", "eval_steps": 10},
+        {"eval_strategy": "epoch"},
+        {"do_eval": True},
+        {"do_eval": False},
+    ],
+)
+def test_the_doctor_reads_whether_the_trainer_evaluates_as_transformers_does(
+    tmp_path: Path, given: dict[str, Any]
+) -> None:
+    """``evaluation_batch.evaluates`` is the ``do_eval`` transformers derives (an evaluation
+    strategy other than "no" turns it on), and the evaluation batch the doctor assumes when none is
+    passed is transformers' own default."""
+    from dsgen.doctor.evaluation_batch import EVALUATION_DEFAULTS, evaluates
+
+    require_module("transformers")
+    from transformers import TrainingArguments
+
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, **given)
+    assert evaluates(given) == args.do_eval
+    if not given:
+        assert {name: getattr(args, name) for name in EVALUATION_DEFAULTS} == EVALUATION_DEFAULTS

@@ -211,6 +211,8 @@ def test_hf_trainer_fills_every_auto_without_mismatch(
     assert parsed.float16_config.enabled == (plan.precision == "fp16") == args.fp16
     assert parsed.zero_optimization_stage == plan.zero_stage
     assert args.gradient_checkpointing == (plan.checkpointing == "full")
+    # an evaluation (left out, 8 sequences per GPU) runs the micro-batch memory was sized for
+    assert args.per_device_eval_batch_size == args.per_device_train_batch_size == parsed.train_micro_batch_size_per_gpu
     if spec.training.optimizer.type == "adafactor":
         assert "optimizer" not in config and args.optim == "adafactor"
     sched = spec.training.scheduler

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dsgen.doctor.evaluation_batch import STRATEGIES, STRATEGY_NAMES
 from dsgen.doctor.keys import MISSING, get, is_auto, with_changes
 from dsgen.doctor.parallelism import check_parallelism_config
 from dsgen.errors import DsgenError
@@ -74,13 +75,19 @@ def load_training_args(path: str | Path) -> dict[str, Any]:
         raise DsgenError(f"{file}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
     if not isinstance(data, dict):
         raise DsgenError(f"{file}: training arguments must be a JSON object of TrainingArguments fields")
-    for key in ("per_device_train_batch_size", "gradient_accumulation_steps", "max_steps", "warmup_steps"):
+    batches = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps")
+    for key in (*batches, "max_steps", "warmup_steps"):
         value = data.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise DsgenError(f"{file}: {key} must be an integer, got {value!r}")
-    for key in ("per_device_train_batch_size", "gradient_accumulation_steps"):
+    for key in batches:
         if key in data and data[key] < 1:
             raise DsgenError(f"{file}: {key} must be at least 1, got {data[key]}")
+    for key in STRATEGY_NAMES:
+        if key in data and data[key] not in STRATEGIES:
+            raise DsgenError(f"{file}: {key} must be one of {', '.join(map(repr, STRATEGIES))}, got {data[key]!r}")
+    if "do_eval" in data and not isinstance(data["do_eval"], bool):
+        raise DsgenError(f"{file}: do_eval must be true or false, got {data['do_eval']!r}")
     check_parallelism_config(data.get("parallelism_config"), str(file))
     return data
 

@@ -1,0 +1,63 @@
+"""The HF Trainer's evaluation batch beside the micro-batch the doctor prices.
+
+An evaluation forward (``Trainer.prediction_step``, under ``torch.no_grad``) keeps no activations
+for a backward, but its logits and its loss grow with its own batch, ``per_device_eval_batch_size``,
+which is 8 when the arguments leave it out (``transformers.TrainingArguments``), whatever the
+training micro-batch. A run that trains at micro-batch 1 or 2 and runs out of GPU memory at its
+first evaluation is a published pattern (unslothai/unsloth#5168, Roblox/FAI-RL#109,
+axolotl-ai-cloud/axolotl#12, huggingface/trl#675), so the doctor names it wherever the arguments
+turn evaluation on. ``dsgen new --target hf-trainer`` writes the evaluation batch as the plan's
+micro-batch (``templates/hf-trainer/training_args.json.j2``), where memory was sized.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+#: ``TrainingArguments`` defaults for the fields that decide whether and at what batch the Trainer
+#: evaluates (transformers/training_args.py, the dataclass field defaults).
+EVALUATION_DEFAULTS: dict[str, Any] = {
+    "per_device_eval_batch_size": 8,
+    "eval_strategy": "no",
+    "do_eval": False,
+}
+
+#: The strategies ``TrainingArguments`` accepts (``IntervalStrategy``); ``evaluation_strategy`` is
+#: the field's name before transformers 4.46.
+STRATEGIES = ("no", "steps", "epoch")
+STRATEGY_NAMES = ("eval_strategy", "evaluation_strategy")
+
+
+def evaluates(trainer_args: Mapping[str, Any]) -> bool:
+    """Whether the Trainer evaluates: an evaluation strategy other than "no" during training, or
+    ``do_eval``, the flag scripts read to call ``trainer.evaluate()`` after it."""
+    strategy = next((trainer_args[name] for name in STRATEGY_NAMES if name in trainer_args), "no")
+    return strategy != "no" or trainer_args.get("do_eval") is True
+
+
+def evaluation_batch(trainer_args: Mapping[str, Any]) -> int | None:
+    """The per-GPU batch of an evaluation forward, or None when the arguments do not evaluate."""
+    if not evaluates(trainer_args):
+        return None
+    batch = trainer_args.get("per_device_eval_batch_size", EVALUATION_DEFAULTS["per_device_eval_batch_size"])
+    return batch if isinstance(batch, int) and not isinstance(batch, bool) and batch >= 1 else None
+
+
+def evaluation_batch_note(trainer_args: Mapping[str, Any], micro_batch: int) -> tuple[str, str] | None:
+    """(message, hint) when evaluation runs a larger batch than the training micro-batch; else None."""
+    batch = evaluation_batch(trainer_args)
+    if batch is None or batch <= micro_batch:
+        return None
+    source = (
+        "per_device_eval_batch_size"
+        if "per_device_eval_batch_size" in trainer_args
+        else "per_device_eval_batch_size unset: the Trainer's default"
+    )
+    message = (
+        f"evaluation runs {batch} sequences per GPU per forward ({source}), {batch / micro_batch:g}x the "
+        f"micro-batch of {micro_batch} that training runs and dsgen priced: an evaluation forward keeps no "
+        "activations, but its logits and loss grow with its batch, on top of the model states training holds"
+    )
+    hint = f"pass --per_device_eval_batch_size {micro_batch} (dsgen new --target hf-trainer writes it so)"
+    return message, hint
