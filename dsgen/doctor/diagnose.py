@@ -16,7 +16,7 @@ from dsgen.deepspeed_release import profile_of
 from dsgen.doctor.auto_values import Resolved, auto_keys, resolve
 from dsgen.doctor.batch import Batch, Parallel, derive, parallel_of
 from dsgen.doctor.config_to_plan import ConfigPlan, config_to_plan
-from dsgen.doctor.evaluation_batch import evaluation_batch_note
+from dsgen.doctor.evaluation_batch import evaluation_notes
 from dsgen.doctor.fixes import Fix, find_fixes
 from dsgen.doctor.keys import with_changes
 from dsgen.doctor.oom_match import OomReading, read_oom
@@ -454,9 +454,8 @@ def _price(spec: Spec, trainer_args: Mapping[str, Any] | None, r: _Resolution, v
                 DoctorFinding("warning" if pinned else "info", "spec-pin" if pinned else "config-note", note)
             )
         findings += _tricks_assumed(spec, config_plan.plan)
-        eval_note = evaluation_batch_note(trainer_args or {}, config_plan.plan.micro_batch_size)
-        if eval_note is not None:
-            findings.append(DoctorFinding("warning", "eval-batch", *eval_note))
+        for code, message, hint in evaluation_notes(trainer_args or {}, config_plan.plan, spec):
+            findings.append(DoctorFinding("warning", code, message, hint))
         evaluation = evaluate(spec, config_plan.plan)
     refused = any(f.severity == "error" for f in (*r.findings, *v.findings, *findings))
     if evaluation is None or refused:

@@ -7,13 +7,19 @@ training micro-batch. A run that trains at micro-batch 1 or 2 and runs out of GP
 first evaluation is a published pattern (unslothai/unsloth#5168, Roblox/FAI-RL#109,
 axolotl-ai-cloud/axolotl#12, huggingface/trl#675), so the doctor names it wherever the arguments
 turn evaluation on. ``dsgen new --target hf-trainer`` writes the evaluation batch as the plan's
-micro-batch (``templates/hf-trainer/training_args.json.j2``), where memory was sized.
+micro-batch (``templates/hf-trainer/training_args.json.j2``), where memory was sized. Under Ulysses
+SP the Trainer evaluates whole sequences on every rank, which the doctor names too
+(:func:`dsgen.targets.long_context.sp_evaluation_note`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+from dsgen.plan import Plan
+from dsgen.spec.types import Spec
+from dsgen.targets.long_context import sp_evaluation_note
 
 #: ``TrainingArguments`` defaults for the fields that decide whether and at what batch the Trainer
 #: evaluates (transformers/training_args.py, the dataclass field defaults).
@@ -44,20 +50,36 @@ def evaluation_batch(trainer_args: Mapping[str, Any]) -> int | None:
     return batch if isinstance(batch, int) and not isinstance(batch, bool) and batch >= 1 else None
 
 
-def evaluation_batch_note(trainer_args: Mapping[str, Any], micro_batch: int) -> tuple[str, str] | None:
-    """(message, hint) when evaluation runs a larger batch than the training micro-batch; else None."""
+def evaluation_notes(trainer_args: Mapping[str, Any], plan: Plan, spec: Spec) -> list[tuple[str, str, str]]:
+    """(code, message, hint) of each way the Trainer's evaluation outgrows the training step the
+    doctor priced: a larger batch than the micro-batch, and, under Ulysses SP, whole sequences on
+    every rank (:func:`dsgen.targets.long_context.sp_evaluation_note`)."""
     batch = evaluation_batch(trainer_args)
-    if batch is None or batch <= micro_batch:
-        return None
-    source = (
-        "per_device_eval_batch_size"
-        if "per_device_eval_batch_size" in trainer_args
-        else "per_device_eval_batch_size unset: the Trainer's default"
-    )
-    message = (
-        f"evaluation runs {batch} sequences per GPU per forward ({source}), {batch / micro_batch:g}x the "
-        f"micro-batch of {micro_batch} that training runs and dsgen priced: an evaluation forward keeps no "
-        "activations, but its logits and loss grow with its batch, on top of the model states training holds"
-    )
-    hint = f"pass --per_device_eval_batch_size {micro_batch} (dsgen new --target hf-trainer writes it so)"
-    return message, hint
+    if batch is None:
+        return []
+    notes = []
+    micro = plan.micro_batch_size
+    if batch > micro:
+        source = (
+            "per_device_eval_batch_size"
+            if "per_device_eval_batch_size" in trainer_args
+            else "per_device_eval_batch_size unset: the Trainer's default"
+        )
+        message = (
+            f"evaluation runs {batch} sequences per GPU per forward ({source}), {batch / micro:g}x the "
+            f"micro-batch of {micro} that training runs and dsgen priced: an evaluation forward keeps no "
+            "activations, but its logits and loss grow with its batch, on top of the model states training holds"
+        )
+        notes.append(
+            (
+                "eval-batch",
+                message,
+                f"pass --per_device_eval_batch_size {micro} (dsgen new --target hf-trainer writes it so)",
+            )
+        )
+    if plan.sequence_parallel_size > 1:
+        message = sp_evaluation_note(
+            spec.model, spec.training.sequence_length, batch, plan.dtype_bytes, spec.hardware.gpu
+        )
+        notes.append(("eval-sequence-parallel", message, 'keep eval_strategy "no", or evaluate shorter sequences'))
+    return notes

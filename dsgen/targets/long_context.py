@@ -15,10 +15,13 @@ in every case.
 
 from __future__ import annotations
 
+from dsgen.catalog.gpu import GpuSpec
+from dsgen.catalog.model_shape import ModelShape
 from dsgen.errors import DsgenError
 from dsgen.estimate.sequence_parallel import tiled_mlp_shards
 from dsgen.plan import Plan
 from dsgen.spec.types import Spec
+from dsgen.units import FP32, gib
 from dsgen.vocabulary import HF_ATTN_IMPLEMENTATION
 
 
@@ -115,6 +118,32 @@ def liger_note(spec: Spec, plan: Plan, target: str) -> str:
     )
 
 
+def unsharded_evaluation_bytes(shape: ModelShape, sequence_length: int, eval_batch: int, dtype_bytes: int) -> int:
+    """The least an evaluation forward of whole sequences holds beyond the model states: its
+    16-bit logits, the fp32 copy transformers' loss makes of them (``loss_utils.ForCausalLMLoss``
+    upcasts) and the fp32 log-softmax ``cross_entropy`` computes from that copy, all alive at once
+    (a real forward on CPU peaks 6 % above this: tests/test_sp_evaluation.py)."""
+    return eval_batch * sequence_length * shape.vocab_size * (dtype_bytes + 2 * FP32)
+
+
+def sp_evaluation_note(shape: ModelShape, sequence_length: int, eval_batch: int, dtype_bytes: int, gpu: GpuSpec) -> str:
+    """Why the HF Trainer evaluates a Ulysses plan's whole sequences on every rank, and the least
+    that costs. Accelerate registers ``UlyssesSPAttentionHF`` with ``disable_in_eval=True``
+    (``accelerator.py`` ``_prepare_deepspeed``), transformers wraps only the training DataLoader in
+    ``UlyssesSPDataLoaderAdapter`` (``trainer.py`` ``_inner_training_loop``) and takes the SP loss
+    only while the model trains (``compute_loss``): an evaluation is a plain forward of the full
+    sequence on each rank, with the ZeRO shards of the model states as in training."""
+    need = unsharded_evaluation_bytes(shape, sequence_length, eval_batch, dtype_bytes)
+    sequences = "sequence" if eval_batch == 1 else "sequences"
+    against = "more than" if need > gpu.memory_bytes else "of"
+    return (
+        f"the Trainer evaluates without Ulysses SP (Accelerate registers it with disable_in_eval=True and "
+        f"transformers shards only the training batches), so each rank runs {eval_batch} whole "
+        f"{sequence_length:,}-token {sequences}, whose 16-bit logits and the loss's two fp32 copies alone take "
+        f"{gib(need)} per GPU, {against} the {gib(gpu.memory_bytes)} one {gpu.name} holds"
+    )
+
+
 def long_context_notes(spec: Spec, plan: Plan, target: str) -> list[str]:
     """The exact calls the training script needs for the plan's ALST choices."""
     lc = plan.long_context
@@ -152,6 +181,12 @@ def long_context_notes(spec: Spec, plan: Plan, target: str) -> list[str]:
             "transformers.integrations.deepspeed.deepspeed_sp_compute_loss does"
         )
     elif sp > 1:
+        evaluation = sp_evaluation_note(
+            spec.model, spec.training.sequence_length, plan.micro_batch_size, plan.dtype_bytes, spec.hardware.gpu
+        )
+        notes.append(
+            f'keep evaluation off (eval_strategy "no", the default) or evaluate shorter sequences: {evaluation}'
+        )
         notes.append(
             "the Trainer turns SP on from the PARALLELISM_CONFIG_* variables launch.sh exports, or give "
             "TrainingArguments(parallelism_config=accelerate.parallelism_config.ParallelismConfig("
