@@ -97,3 +97,36 @@ def test_only_the_trainer_bundle_carries_the_note(target: str) -> None:
     bundle = render_bundle(spec, plan, target)
     notes = [n for n in bundle.notes if "evaluates without Ulysses SP" in n]
     assert len(notes) == (1 if target == "hf-trainer" else 0)
+
+
+def test_the_installed_release_bypasses_ulysses_in_eval() -> None:
+    """DeepSpeed 0.19.8's registration takes ``disable_in_eval`` (#7821, first in 0.18.6), which
+    Accelerate passes when present: the releases dsgen treats as bypassing Ulysses in eval mode."""
+    require_module("deepspeed")
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+
+    from dsgen.targets.long_context import sp_bypassed_in_eval
+
+    assert "disable_in_eval" in inspect.signature(UlyssesSPAttentionHF.register_with_transformers).parameters
+    assert sp_bypassed_in_eval("0.19.8") and sp_bypassed_in_eval("0.18.6") and not sp_bypassed_in_eval("0.18.5")
+
+
+@pytest.mark.parametrize(("release", "words"), [("0.19.8", "156.6 GiB per GPU"), ("0.18.5", "before DeepSpeed 0.18.6")])
+def test_the_notes_follow_the_release(release: str, words: str) -> None:
+    """Before 0.18.6 Ulysses stays on in eval mode: the Trainer's whole sequences are refused
+    rather than run, and an Accelerate loop must shard its evaluation batches instead."""
+    from dataclasses import replace
+
+    from dsgen.api import render_bundle, solve_spec
+
+    spec = load_spec(EXAMPLES_DIR / "llama-3.1-8b-128k-8xh100.yaml")
+    spec = replace(spec, training=replace(spec.training, deepspeed_version=release))
+    plan = solve_spec(spec).best.plan  # type: ignore[union-attr]
+    trainer = [n for n in render_bundle(spec, plan, "hf-trainer").notes if "keep evaluation off" in n]
+    loop = [
+        n
+        for n in render_bundle(spec, plan, "accelerate").notes
+        if "evaluation DataLoader" in n or "eval_dataloader" in n
+    ]
+    assert len(trainer) == len(loop) == 1 and words in trainer[0], trainer
+    assert ("prepared apart from the model" in loop[0]) == (release == "0.19.8"), loop

@@ -9,7 +9,7 @@ axolotl-ai-cloud/axolotl#12, huggingface/trl#675), so the doctor names it wherev
 turn evaluation on. ``dsgen new --target hf-trainer`` writes the evaluation batch as the plan's
 micro-batch (``templates/hf-trainer/training_args.json.j2``), where memory was sized. Under Ulysses
 SP the Trainer evaluates whole sequences on every rank, which the doctor names too
-(:func:`dsgen.targets.long_context.sp_evaluation_note`).
+(:func:`dsgen.targets.long_context.trainer_sp_evaluation`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 from dsgen.plan import Plan
 from dsgen.spec.types import Spec
-from dsgen.targets.long_context import sp_evaluation_note
+from dsgen.targets.long_context import trainer_sp_evaluation
 
 #: ``TrainingArguments`` defaults for the fields that decide whether and at what batch the Trainer
 #: evaluates (transformers/training_args.py, the dataclass field defaults).
@@ -53,7 +53,7 @@ def evaluation_batch(trainer_args: Mapping[str, Any]) -> int | None:
 def evaluation_notes(trainer_args: Mapping[str, Any], plan: Plan, spec: Spec) -> list[tuple[str, str, str]]:
     """(code, message, hint) of each way the Trainer's evaluation outgrows the training step the
     doctor priced: a larger batch than the micro-batch, and, under Ulysses SP, whole sequences on
-    every rank (:func:`dsgen.targets.long_context.sp_evaluation_note`)."""
+    every rank (:func:`dsgen.targets.long_context.trainer_sp_evaluation`)."""
     batch = evaluation_batch(trainer_args)
     if batch is None:
         return []
@@ -78,8 +78,13 @@ def evaluation_notes(trainer_args: Mapping[str, Any], plan: Plan, spec: Spec) ->
             )
         )
     if plan.sequence_parallel_size > 1:
-        message = sp_evaluation_note(
-            spec.model, spec.training.sequence_length, batch, plan.dtype_bytes, spec.hardware.gpu
+        advice, why = trainer_sp_evaluation(
+            spec.model,
+            spec.training.sequence_length,
+            batch,
+            plan.dtype_bytes,
+            spec.hardware.gpu,
+            spec.training.deepspeed_version,
         )
-        notes.append(("eval-sequence-parallel", message, 'keep eval_strategy "no", or evaluate shorter sequences'))
+        notes.append(("eval-sequence-parallel", why, advice))
     return notes

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dsgen.catalog.gpu import GpuSpec
 from dsgen.catalog.model_shape import ModelShape
+from dsgen.deepspeed_release import release_key
 from dsgen.errors import DsgenError
 from dsgen.estimate.sequence_parallel import tiled_mlp_shards
 from dsgen.plan import Plan
@@ -126,21 +127,76 @@ def unsharded_evaluation_bytes(shape: ModelShape, sequence_length: int, eval_bat
     return eval_batch * sequence_length * shape.vocab_size * (dtype_bytes + 2 * FP32)
 
 
-def sp_evaluation_note(shape: ModelShape, sequence_length: int, eval_batch: int, dtype_bytes: int, gpu: GpuSpec) -> str:
-    """Why the HF Trainer evaluates a Ulysses plan's whole sequences on every rank, and the least
-    that costs. Accelerate registers ``UlyssesSPAttentionHF`` with ``disable_in_eval=True``
-    (``accelerator.py`` ``_prepare_deepspeed``), transformers wraps only the training DataLoader in
-    ``UlyssesSPDataLoaderAdapter`` (``trainer.py`` ``_inner_training_loop``) and takes the SP loss
-    only while the model trains (``compute_loss``): an evaluation is a plain forward of the full
-    sequence on each rank, with the ZeRO shards of the model states as in training."""
+def unsharded_evaluation_cost(
+    shape: ModelShape, sequence_length: int, eval_batch: int, dtype_bytes: int, gpu: GpuSpec
+) -> str:
+    """What each rank runs when an evaluation bypasses Ulysses SP, and the least that takes
+    (:func:`unsharded_evaluation_bytes`) against the GPU's capacity."""
     need = unsharded_evaluation_bytes(shape, sequence_length, eval_batch, dtype_bytes)
     sequences = "sequence" if eval_batch == 1 else "sequences"
     against = "more than" if need > gpu.memory_bytes else "of"
     return (
-        f"the Trainer evaluates without Ulysses SP (Accelerate registers it with disable_in_eval=True and "
-        f"transformers shards only the training batches), so each rank runs {eval_batch} whole "
-        f"{sequence_length:,}-token {sequences}, whose 16-bit logits and the loss's two fp32 copies alone take "
-        f"{gib(need)} per GPU, {against} the {gib(gpu.memory_bytes)} one {gpu.name} holds"
+        f"each rank runs {eval_batch} whole {sequence_length:,}-token {sequences}, whose 16-bit logits and the "
+        f"loss's two fp32 copies alone take {gib(need)} per GPU, {against} the {gib(gpu.memory_bytes)} one "
+        f"{gpu.name} holds"
+    )
+
+
+#: The first DeepSpeed release whose ``UlyssesSPAttentionHF`` takes ``disable_in_eval``
+#: (deepspeedai/DeepSpeed#7821, a972f7c: an eval-mode forward calls the plain attention), which
+#: Accelerate sets wherever the release has it (``accelerator.py`` ``_prepare_deepspeed``).
+EVAL_BYPASS_SINCE: tuple[int, ...] = (0, 18, 6)
+
+
+def sp_bypassed_in_eval(release: str) -> bool:
+    """Whether Ulysses SP is off in eval mode under Accelerate (and so the HF Trainer)."""
+    return release_key(release) >= EVAL_BYPASS_SINCE
+
+
+def trainer_sp_evaluation(
+    shape: ModelShape, sequence_length: int, eval_batch: int, dtype_bytes: int, gpu: GpuSpec, release: str
+) -> tuple[str, str]:
+    """(what to do, why) for an HF Trainer evaluation of a Ulysses plan. transformers wraps only
+    the training DataLoader in ``UlyssesSPDataLoaderAdapter`` (``trainer.py``
+    ``_prepare_for_training``) and takes the SP loss only while the model trains
+    (``compute_loss``), so each rank is handed whole sequences. From :data:`EVAL_BYPASS_SINCE`
+    Ulysses is off in eval mode, and the evaluation is a plain forward of the full sequence on every
+    rank, with the ZeRO shards of the model states as in training. Before it, Ulysses stays on and
+    its shape check refuses the unsharded batch."""
+    if not sp_bypassed_in_eval(release):
+        return (
+            'keep evaluation off (eval_strategy "no", the default)',
+            "before DeepSpeed 0.18.6 (#7821) Ulysses SP stays on in eval mode while the Trainer hands each rank "
+            "whole, unsharded sequences, which UlyssesSPAttentionHF refuses (AssertionError: query input tensor "
+            "does not match the required shape)",
+        )
+    cost = unsharded_evaluation_cost(shape, sequence_length, eval_batch, dtype_bytes, gpu)
+    return (
+        'keep evaluation off (eval_strategy "no", the default) or evaluate shorter sequences',
+        "the Trainer evaluates without Ulysses SP (Accelerate registers it with disable_in_eval=True and "
+        f"transformers shards only the training batches), so {cost}",
+    )
+
+
+def accelerate_evaluation_note(spec: Spec, plan: Plan) -> str:
+    """How an Accelerate loop evaluates a Ulysses plan. ``accelerator.prepare`` wraps every
+    DataLoader it is given together with the model in ``UlyssesSPDataLoaderAdapter``. From
+    :data:`EVAL_BYPASS_SINCE` an eval-mode forward bypasses Ulysses, so an evaluation DataLoader
+    prepared with the model would hand each rank a shard whose attention sees only itself; one
+    prepared apart is not sharded, and each rank evaluates whole sequences. Before it, Ulysses
+    stays on in eval mode and needs the sharded batches."""
+    if not sp_bypassed_in_eval(spec.training.deepspeed_version):
+        return (
+            "prepare any evaluation DataLoader together with the model, so it is sharded over the SP group: "
+            "before DeepSpeed 0.18.6 (#7821) Ulysses SP stays on in eval mode and refuses whole sequences"
+        )
+    cost = unsharded_evaluation_cost(
+        spec.model, spec.training.sequence_length, plan.micro_batch_size, plan.dtype_bytes, spec.hardware.gpu
+    )
+    return (
+        "evaluate (if at all) with a DataLoader prepared apart from the model, accelerator.prepare(eval_dataloader): "
+        "Accelerate bypasses Ulysses SP in eval mode (disable_in_eval=True), so one prepared together with the model "
+        f"would give each rank a shard that attends only to itself; whole sequences instead: {cost}"
     )
 
 
@@ -180,13 +236,17 @@ def long_context_notes(spec: Spec, plan: Plan, target: str) -> list[str]:
             "position_ids, and the loss must be reduced over the SP group weighted by tokens, as "
             "transformers.integrations.deepspeed.deepspeed_sp_compute_loss does"
         )
+        notes.append(accelerate_evaluation_note(spec, plan))
     elif sp > 1:
-        evaluation = sp_evaluation_note(
-            spec.model, spec.training.sequence_length, plan.micro_batch_size, plan.dtype_bytes, spec.hardware.gpu
+        advice, why = trainer_sp_evaluation(
+            spec.model,
+            spec.training.sequence_length,
+            plan.micro_batch_size,
+            plan.dtype_bytes,
+            spec.hardware.gpu,
+            spec.training.deepspeed_version,
         )
-        notes.append(
-            f'keep evaluation off (eval_strategy "no", the default) or evaluate shorter sequences: {evaluation}'
-        )
+        notes.append(f"{advice}: {why}")
         notes.append(
             "the Trainer turns SP on from the PARALLELISM_CONFIG_* variables launch.sh exports, or give "
             "TrainingArguments(parallelism_config=accelerate.parallelism_config.ParallelismConfig("
