@@ -178,7 +178,11 @@ def test_an_evaluation_batch_larger_than_the_micro_batch_is_named() -> None:
     (default,) = eval_findings(eval_strategy="steps", eval_steps=100)
     assert "evaluation runs 8 sequences" in default.message and "the Trainer's default" in default.message
     assert default.severity == "warning" and default.hint.startswith("pass --per_device_eval_batch_size 1 ")
-    (given,) = eval_findings(do_eval=True, per_device_eval_batch_size=4)
-    assert "runs 4 sequences" in given.message and "4x the micro-batch of 1" in given.message
+    # Qwen2.5-7B at 4,096 tokens: 8 sequences' 16-bit logits over its 152,064-token vocabulary, the
+    # fp32 copy and the fp32 log-softmax: 46.4 GiB, more than the 40 GB A100 holds with the states
+    assert "46.4 GiB of logits and loss), more than the 39.4 GiB the GPU holds" in default.message
+    (given,) = eval_findings(do_eval=True, per_device_eval_batch_size=2)
+    assert "runs 2 sequences" in given.message and "2x the micro-batch of 1" in given.message
+    assert "11.6 GiB of logits and loss)" in given.message and "more than" not in given.message
     assert eval_findings(eval_strategy="steps", per_device_eval_batch_size=1) == []
     assert eval_findings() == []  # no evaluation: the default batch never runs

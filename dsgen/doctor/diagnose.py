@@ -454,9 +454,9 @@ def _price(spec: Spec, trainer_args: Mapping[str, Any] | None, r: _Resolution, v
                 DoctorFinding("warning" if pinned else "info", "spec-pin" if pinned else "config-note", note)
             )
         findings += _tricks_assumed(spec, config_plan.plan)
-        for code, message, hint in evaluation_notes(trainer_args or {}, config_plan.plan, spec):
-            findings.append(DoctorFinding("warning", code, message, hint))
         evaluation = evaluate(spec, config_plan.plan)
+        for code, message, hint in evaluation_notes(trainer_args or {}, evaluation, spec):
+            findings.append(DoctorFinding("warning", code, message, hint))
     refused = any(f.severity == "error" for f in (*r.findings, *v.findings, *findings))
     if evaluation is None or refused:
         fill = evaluation.fit.fill if evaluation is not None else None

@@ -17,9 +17,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dsgen.plan import Plan
+from dsgen.evaluation import Evaluation
 from dsgen.spec.types import Spec
-from dsgen.targets.long_context import trainer_sp_evaluation
+from dsgen.targets.long_context import trainer_sp_evaluation, unsharded_evaluation_bytes
+from dsgen.units import gib
 
 #: ``TrainingArguments`` defaults for the fields that decide whether and at what batch the Trainer
 #: evaluates (transformers/training_args.py, the dataclass field defaults).
@@ -50,14 +51,19 @@ def evaluation_batch(trainer_args: Mapping[str, Any]) -> int | None:
     return batch if isinstance(batch, int) and not isinstance(batch, bool) and batch >= 1 else None
 
 
-def evaluation_notes(trainer_args: Mapping[str, Any], plan: Plan, spec: Spec) -> list[tuple[str, str, str]]:
+def evaluation_notes(trainer_args: Mapping[str, Any], evaluation: Evaluation, spec: Spec) -> list[tuple[str, str, str]]:
     """(code, message, hint) of each way the Trainer's evaluation outgrows the training step the
     doctor priced: a larger batch than the micro-batch, and, under Ulysses SP, whole sequences on
-    every rank (:func:`dsgen.targets.long_context.trainer_sp_evaluation`)."""
+    every rank (:func:`dsgen.targets.long_context.trainer_sp_evaluation`). The larger batch comes
+    with a floor: the model states every forward holds (parameters, optimizer states, the fixed
+    CUDA and NCCL allowances) and the batch's logits and loss
+    (:func:`dsgen.targets.long_context.unsharded_evaluation_bytes`); gradients, ZeRO's buffers and
+    the layers' working set are left out of it."""
     batch = evaluation_batch(trainer_args)
     if batch is None:
         return []
     notes = []
+    plan, gpu = evaluation.plan, evaluation.memory.gpu
     micro = plan.micro_batch_size
     if batch > micro:
         source = (
@@ -65,10 +71,14 @@ def evaluation_notes(trainer_args: Mapping[str, Any], plan: Plan, spec: Spec) ->
             if "per_device_eval_batch_size" in trainer_args
             else "per_device_eval_batch_size unset: the Trainer's default"
         )
+        states = gpu.parameters + gpu.optimizer_states + gpu.step_overhead
+        logits = unsharded_evaluation_bytes(spec.model, spec.training.sequence_length, batch, plan.dtype_bytes)
+        floor = states + logits
+        beyond = f", more than the {gib(gpu.capacity)} the GPU holds" if floor > gpu.capacity else ""
         message = (
             f"evaluation runs {batch} sequences per GPU per forward ({source}), {batch / micro:g}x the "
-            f"micro-batch of {micro} that training runs and dsgen priced: an evaluation forward keeps no "
-            "activations, but its logits and loss grow with its batch, on top of the model states training holds"
+            f"micro-batch of {micro} that training runs and dsgen priced: it holds at least {gib(floor)} "
+            f"({gib(states)} of model states, {gib(logits)} of logits and loss){beyond}"
         )
         notes.append(
             (
