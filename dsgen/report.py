@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dsgen.estimate.optimizers import client_optimizer_class, is_client_optimizer
+from dsgen.estimate.optimizers import client_optimizer_call, is_client_optimizer
 from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
 from dsgen.evaluation import Evaluation
 from dsgen.plan import Plan, plan_dict
@@ -242,8 +242,8 @@ def script_requirements(spec: Spec, plan: Plan) -> str:
     optimizer = spec.training.optimizer
     if is_client_optimizer(optimizer):
         needs.append(
-            f"build the optimizer and pass it to deepspeed.initialize(optimizer={client_optimizer_class(optimizer)}"
-            f"(model.parameters(), lr={optimizer.lr:g}, ...)) (the config has no optimizer block)"
+            f"build the optimizer and pass it to deepspeed.initialize(optimizer="
+            f"{client_optimizer_call(optimizer, 'model.parameters()')}) (the config has no optimizer block)"
         )
     if spec.training.liger_kernel:
         needs.append(liger_note(spec, plan, "deepspeed"))

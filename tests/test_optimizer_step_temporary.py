@@ -11,6 +11,7 @@ figure; a multiple of 16, so ZeRO's 2 x N alignment adds no padding for N = 8).
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -102,3 +103,27 @@ def test_a_torch_built_optimizer_leaves_the_config_without_an_optimizer_block() 
     assert optimizer_block(spec)["type"] is None
     spec = load_spec_text(spec_text(2, 8, None), file="spec.yaml", base_dir=EXAMPLES_DIR)
     assert optimizer_block(spec)["type"] == "AdamW"
+
+
+def test_torch_fused_adamw_steps_in_place_and_the_trainer_builds_it(tmp_path: Any) -> None:
+    """implementation torch-fused: no step temporary, no optimizer block, and the hf-trainer bundle
+    names adamw_torch_fused, which transformers' own TrainingArguments accepts as such."""
+    import json
+
+    from dsgen.api import render_bundle
+    from tests.conftest import require_module
+
+    assert step_phase(spec_text(2, 8, "torch-fused"))[0] == 0
+    spec = load_spec_text(spec_text(2, 8, "torch-fused"), file="spec.yaml", base_dir=EXAMPLES_DIR)
+    assert optimizer_block(spec)["type"] is None
+    best = solve_spec(spec).best
+    assert best is not None
+    kwargs = json.loads(render_bundle(spec, best.plan, "hf-trainer").files["training_args.json"])
+    assert kwargs["optim"] == "adamw_torch_fused"
+    require_module("transformers")
+    from transformers import TrainingArguments
+
+    kwargs.update(output_dir=str(tmp_path), use_cpu=True, bf16=False, deepspeed=None)
+    assert TrainingArguments(**kwargs).optim == "adamw_torch_fused"
+    with pytest.raises(DsgenError, match=r"training\.optimizer\.implementation"):
+        load_spec_text(spec_text(2, 8, "torch-fused", optimizer="sgd"), file="spec.yaml", base_dir=EXAMPLES_DIR)

@@ -22,6 +22,7 @@ from dsgen.doctor.keys import with_changes
 from dsgen.doctor.oom_match import OomReading, read_oom
 from dsgen.doctor.oom_message import OomMessage, parse_oom
 from dsgen.doctor.parallelism import accelerate_data_parallel_size, sp_disagreement, trainer_sp_size
+from dsgen.doctor.run_optimizer import run_optimizer, with_run_optimizer
 from dsgen.errors import DsgenError, ExitCode
 from dsgen.estimate.kernel_limits import KERNEL_LIMIT_HINT
 from dsgen.estimate.memory import GpuMemory
@@ -276,10 +277,17 @@ def diagnose(
     oom_message = parse_oom(error_text) if error_text is not None else None
     resolution = _resolve(config, spec, world, trainer_args)
     validation = _validate(config, spec, resolution)
-    pricing = _price(spec, trainer_args, resolution, validation)
+    reading = run_optimizer(resolution.resolved.config, trainer_args, spec.training.optimizer)
+    run_spec = with_run_optimizer(spec, resolution.resolved.config, trainer_args)
+    pricing = _price(run_spec, trainer_args, resolution, validation)
+    # the solver searches with the spec's optimizer (a fix may add offload, which hands the step to
+    # DeepSpeed's CPU optimizer); each fixed config is priced with the one it would run
     fixes = _fix(config, spec, trainer_args, resolution, validation, pricing, world, max_fixes)
-    findings = (*start, *resolution.findings, *validation.findings, *pricing.findings)
-    return _report(config, spec, world, resolution, validation, pricing, fixes, findings, oom_message)
+    optimizer: tuple[DoctorFinding, ...] = ()
+    if reading.note is not None:
+        optimizer = (DoctorFinding("warning" if reading.contradicts_spec else "info", "optimizer", reading.note),)
+    findings = (*start, *resolution.findings, *validation.findings, *optimizer, *pricing.findings)
+    return _report(config, run_spec, world, resolution, validation, pricing, fixes, findings, oom_message)
 
 
 def _check_inputs(config: Any, world_size: int | None) -> None:
@@ -692,7 +700,7 @@ def _fixes(
             return None
         resolved, parallel, derived = reading
         fixed_plan = config_to_plan(resolved.config, spec, derived, parallel, target.checkpointing, "fix").plan
-        return evaluate(_with_headroom(spec, headroom), fixed_plan)
+        return evaluate(_with_headroom(with_run_optimizer(spec, resolved.config, trainer_args), headroom), fixed_plan)
 
     prefix = tuple(base_changes.items())
     fixes: list[Fix] = []
@@ -708,7 +716,7 @@ def _fixes(
             break
     if prefix:
         fixes = [replace(f, changes=prefix + f.changes, label="consistent batch values + " + f.label) for f in fixes]
-        as_is = evaluate(spec, plan)
+        as_is = evaluate(with_run_optimizer(spec, base, trainer_args), plan)
         if as_is.feasible and read(base, plan.micro_batch_size, plan.gradient_accumulation_steps) is not None:
             fixes.insert(0, Fix("consistent batch values", prefix, (), as_is, base))
     return tuple(fixes[:limit])

@@ -69,9 +69,18 @@ TORCH_OPTIMIZERS = {
 TORCH_STEP_TEMPORARY_BYTES = {"adamw": FP32, "adam": FP32, "adagrad": FP32}
 
 
+#: torch.optim classes with a fused kernel dsgen models (``implementation: torch-fused``): the
+#: whole step in one kernel that updates in place (``_fused_adamw``; the HF Trainer's
+#: ``adamw_torch_fused``, its default ``optim`` with torch >= 2.8, huggingface/transformers#37358).
+TORCH_FUSED_OPTIMIZERS = ("adamw",)
+
+#: The implementations that leave the config without an optimizer block: the script builds them.
+CLIENT_IMPLEMENTATIONS = ("torch", "torch-fused")
+
+
 def is_client_optimizer(optimizer: Optimizer) -> bool:
     """True for optimizers the training script builds itself (no ``optimizer`` block in the config)."""
-    return optimizer.type in CLIENT_OPTIMIZERS or optimizer.implementation == "torch"
+    return optimizer.type in CLIENT_OPTIMIZERS or optimizer.implementation in CLIENT_IMPLEMENTATIONS
 
 
 def client_optimizer_class(optimizer: Optimizer) -> str:
@@ -79,11 +88,18 @@ def client_optimizer_class(optimizer: Optimizer) -> str:
     return CLIENT_OPTIMIZERS.get(optimizer.type) or TORCH_OPTIMIZERS[optimizer.type]
 
 
+def client_optimizer_call(optimizer: Optimizer, parameters: str) -> str:
+    """How the script builds a client optimizer, e.g. ``torch.optim.AdamW(params, lr=1e-05, fused=True)``."""
+    fused = ", fused=True" if optimizer.implementation == "torch-fused" else ""
+    return f"{client_optimizer_class(optimizer)}({parameters}, lr={optimizer.lr:g}{fused})"
+
+
 def step_temporary_bytes(optimizer: Optimizer, stepped_elements: int) -> int:
     """Bytes the optimizer's step allocates beyond its states while it updates ``stepped_elements``
-    fp32 elements at once. DeepSpeed's FusedAdam, DeepSpeedCPUAdam and the other fused kernels
-    update in place (none); torch's foreach Adam/AdamW/Adagrad hold one fp32 temporary of the
-    stepped tensors (torch >= 2.0 picks the foreach path on CUDA: ``_default_to_fused_or_foreach``)."""
+    fp32 elements at once. DeepSpeed's FusedAdam, DeepSpeedCPUAdam, torch's fused AdamW and the
+    other fused kernels update in place (none); torch's foreach Adam/AdamW/Adagrad hold one fp32
+    temporary of the stepped tensors (torch >= 2.0 picks the foreach path on CUDA:
+    ``_default_to_fused_or_foreach``). Both measured on CPU: tests/test_optimizer_step_temporary.py."""
     if optimizer.implementation != "torch":
         return 0
     return TORCH_STEP_TEMPORARY_BYTES.get(optimizer.type, 0) * stepped_elements

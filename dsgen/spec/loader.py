@@ -18,7 +18,12 @@ from dsgen.catalog.gpu import GpuSpec
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.deepspeed_release import normalize_release
 from dsgen.errors import DsgenError
-from dsgen.estimate.optimizers import TORCH_OPTIMIZERS, client_optimizer_class, is_client_optimizer
+from dsgen.estimate.optimizers import (
+    TORCH_FUSED_OPTIMIZERS,
+    TORCH_OPTIMIZERS,
+    client_optimizer_class,
+    is_client_optimizer,
+)
 from dsgen.resources import schema_path
 from dsgen.spec.defaults import spec_default
 from dsgen.spec.overrides import apply_overrides
@@ -323,11 +328,18 @@ class _SpecBuilder:
             "momentum",
             floats=("lr", "weight_decay", "eps", "momentum"),
         )
-        if optimizer.get("implementation") == "torch" and optimizer.get("type", Optimizer.type) not in TORCH_OPTIMIZERS:
+        kind = optimizer.get("type", Optimizer.type)
+        if optimizer.get("implementation") == "torch" and kind not in TORCH_OPTIMIZERS:
             raise self.fail(
                 ("training", "optimizer", "implementation"),
-                f"torch has no {optimizer.get('type', Optimizer.type)} optimizer dsgen models",
+                f"torch has no {kind} optimizer dsgen models",
                 hint=f"implementation torch is for {', '.join(TORCH_OPTIMIZERS)}",
+            )
+        if optimizer.get("implementation") == "torch-fused" and kind not in TORCH_FUSED_OPTIMIZERS:
+            raise self.fail(
+                ("training", "optimizer", "implementation"),
+                f"torch has no fused {kind} optimizer dsgen models",
+                hint=f"implementation torch-fused is for {', '.join(TORCH_FUSED_OPTIMIZERS)}",
             )
         if "betas" in opt:
             optimizer["betas"] = (float(opt["betas"][0]), float(opt["betas"][1]))

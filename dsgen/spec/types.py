@@ -60,7 +60,7 @@ class Optimizer:
     """The optimizer the user trains with; its type decides the bytes of state per parameter."""
 
     type: str = spec_default("training.optimizer.type")
-    implementation: str = spec_default("training.optimizer.implementation")  # deepspeed | torch
+    implementation: str = spec_default("training.optimizer.implementation")  # deepspeed | torch | torch-fused
     lr: float = spec_default("training.optimizer.lr")
     weight_decay: float = spec_default("training.optimizer.weight_decay")
     betas: tuple[float, float] = tuple(spec_default("training.optimizer.betas"))

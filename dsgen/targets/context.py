@@ -26,15 +26,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from dsgen.deepspeed_blocks import COSINE_MIN_RATIO, optimizer_block, scheduler_block
-from dsgen.estimate.optimizers import client_optimizer_class, is_client_optimizer
+from dsgen.estimate.optimizers import CLIENT_IMPLEMENTATIONS, client_optimizer_call, is_client_optimizer
 from dsgen.plan import Plan
 from dsgen.spec.types import Spec
 from dsgen.targets.long_context import attention_note, check_target, liger_note, long_context_notes
 
 #: TrainingArguments ``optim`` for the optimizers the training script builds itself.
 HF_CLIENT_OPTIM = {"adafactor": "adafactor", "adamw-8bit": "adamw_bnb_8bit"}
-#: TrainingArguments ``optim`` for torch.optim classes (``training.optimizer.implementation: torch``).
-HF_TORCH_OPTIM = {"adamw": "adamw_torch", "sgd": "sgd", "adagrad": "adagrad"}
+#: TrainingArguments ``optim`` for torch.optim classes (``training.optimizer.implementation: torch``
+#: or ``torch-fused``).
+HF_TORCH_OPTIM = {
+    ("adamw", "torch"): "adamw_torch",
+    ("adamw", "torch-fused"): "adamw_torch_fused",
+    ("sgd", "torch"): "sgd",
+    ("adagrad", "torch"): "adagrad",
+}
 
 #: TrainingArguments ``lr_scheduler_type`` for each spec scheduler (DeepSpeed's equivalent in
 #: dsgen.deepspeed_blocks.scheduler_block: WarmupLR, WarmupDecayLR to 0, WarmupCosineLR to 0.1 x lr).
@@ -224,9 +230,7 @@ def script_notes(spec: Spec, plan: Plan, target: str, optimizer: dict[str, Any])
                 "mark the MoE block as a ZeRO-3 leaf: deepspeed.utils.set_z3_leaf_modules(model, [<the model's sparse MoE block class>])"
             )
     if is_client_optimizer(spec.training.optimizer) and target != "hf-trainer":
-        notes.append(
-            f"build the optimizer in the script: {client_optimizer_class(spec.training.optimizer)}(params, lr={spec.training.optimizer.lr:g})"
-        )
+        notes.append(f"build the optimizer in the script: {client_optimizer_call(spec.training.optimizer, 'params')}")
     if target in ("accelerate", "lightning") and optimizer["type"] is None and named(spec, "training.scheduler"):
         s = spec.training.scheduler
         notes.append(f"build the {s.type} schedule (warmup {s.warmup_steps} of {s.total_steps} steps) in the script")
@@ -268,8 +272,8 @@ def target_context(spec: Spec, plan: Plan, target: str, launcher: str) -> Target
     optimizer = optimizer_for(spec, plan, target, autos)
     kind = spec.training.optimizer.type
     hf_optim = HF_CLIENT_OPTIM.get(kind) if target == "hf-trainer" else None
-    if target == "hf-trainer" and spec.training.optimizer.implementation == "torch":
-        hf_optim = HF_TORCH_OPTIM.get(kind)
+    if target == "hf-trainer" and spec.training.optimizer.implementation in CLIENT_IMPLEMENTATIONS:
+        hf_optim = HF_TORCH_OPTIM.get((kind, spec.training.optimizer.implementation))
     return TargetContext(
         target=target,
         launcher=launcher,
