@@ -198,9 +198,10 @@ def test_host_ram_the_spec_does_not_state_is_not_judged(tmp_path: Path, capsys: 
         ({"eval_strategy": "sometimes"}, "eval_strategy must be one of 'no', 'steps', 'epoch'"),
         ({"evaluation_strategy": 1}, "evaluation_strategy must be one of"),
         ({"do_eval": "yes"}, "do_eval must be true or false"),
+        ({"optim": ["adamw_torch"]}, "optim must be a string"),
     ],
 )
-def test_bad_evaluation_arguments_exit_2_naming_the_field(
+def test_bad_evaluation_and_optimizer_arguments_exit_2_naming_the_field(
     args: dict[str, Any], field: str, in_repo_copy: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (in_repo_copy / "args.json").write_text(json.dumps(args))

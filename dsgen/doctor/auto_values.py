@@ -86,6 +86,8 @@ def load_training_args(path: str | Path) -> dict[str, Any]:
     for key in STRATEGY_NAMES:
         if key in data and data[key] not in STRATEGIES:
             raise DsgenError(f"{file}: {key} must be one of {', '.join(map(repr, STRATEGIES))}, got {data[key]!r}")
+    if "optim" in data and not isinstance(data["optim"], str):
+        raise DsgenError(f"{file}: optim must be a string (a TrainingArguments optim name), got {data['optim']!r}")
     if "do_eval" in data and not isinstance(data["do_eval"], bool):
         raise DsgenError(f"{file}: do_eval must be true or false, got {data['do_eval']!r}")
     check_parallelism_config(data.get("parallelism_config"), str(file))

@@ -86,7 +86,7 @@ def run_optimizer(
         return OptimizerReading(run, note, contradicts_spec=run.type != given.type)
     if trainer_args is None:
         return OptimizerReading(given)
-    optim = trainer_args.get("optim", TRAINER_DEFAULT_OPTIM)
+    optim = str(trainer_args.get("optim", TRAINER_DEFAULT_OPTIM))  # the API takes any mapping
     source = (
         "optim"
         if "optim" in trainer_args
