@@ -199,9 +199,12 @@ def test_host_ram_the_spec_does_not_state_is_not_judged(tmp_path: Path, capsys: 
         ({"evaluation_strategy": 1}, "evaluation_strategy must be one of"),
         ({"do_eval": "yes"}, "do_eval must be true or false"),
         ({"optim": ["adamw_torch"]}, "optim must be a string"),
+        ({"max_length": "2048"}, "max_length must be a positive integer or null"),
+        ({"max_seq_length": 0}, "max_seq_length must be a positive integer or null"),
+        ({"packing": 1}, "packing must be true or false"),
     ],
 )
-def test_bad_evaluation_and_optimizer_arguments_exit_2_naming_the_field(
+def test_bad_trainer_arguments_exit_2_naming_the_field(
     args: dict[str, Any], field: str, in_repo_copy: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (in_repo_copy / "args.json").write_text(json.dumps(args))

@@ -186,3 +186,27 @@ def test_an_evaluation_batch_larger_than_the_micro_batch_is_named() -> None:
     assert "11.6 GiB of logits and loss)" in given.message and "more than" not in given.message
     assert eval_findings(eval_strategy="steps", per_device_eval_batch_size=1) == []
     assert eval_findings() == []  # no evaluation: the default batch never runs
+
+
+def test_trl_max_length_caps_the_priced_sequence_and_packing_fills_it() -> None:
+    """TRL's SFTConfig arguments: max_length truncates (the spec's 4,096 becomes 2,048), packing
+    fills rows to max_length (also above the spec's), max_seq_length is the older name,
+    null truncates nothing; each change is a sequence-length finding."""
+    spec = _spec(activation_checkpointing="full")
+    train = {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 8, "bf16": True}
+
+    def priced(**args: Any) -> tuple[int, bool, list[Any]]:
+        d = diagnose(CONFIG, spec, trainer_args={**train, **args})
+        notes = [f for f in d.findings if f.code == "sequence-length"]
+        return d.spec.training.sequence_length, d.spec.training.packed_samples, notes
+
+    length, packed, (note,) = priced(max_length=2048)
+    assert (length, packed, note.severity) == (2048, False, "warning") and "truncate" in note.message
+    assert priced(max_length=8192)[:2] == (4096, False) and priced(max_length=8192)[2] == []
+    length, packed, (note,) = priced(max_length=8192, packing=True)
+    assert (length, packed) == (8192, True) and "filled to it" in note.message
+    length, packed, (note,) = priced(max_length=4096, packing=True)
+    assert (length, packed, note.severity) == (4096, True, "info")
+    assert priced(max_seq_length=1024)[0] == 1024
+    assert priced(max_length=None)[:2] == (4096, False)
+    assert diagnose(CONFIG, spec).spec.training.sequence_length == 4096  # no arguments: the spec's

@@ -20,6 +20,7 @@ from typing import Any
 from dsgen.doctor.evaluation_batch import STRATEGIES, STRATEGY_NAMES
 from dsgen.doctor.keys import MISSING, get, is_auto, with_changes
 from dsgen.doctor.parallelism import check_parallelism_config
+from dsgen.doctor.sequence_length import LENGTH_KEYS
 from dsgen.errors import DsgenError
 
 # TrainingArguments defaults for the fields the DeepSpeed integration reads
@@ -86,6 +87,12 @@ def load_training_args(path: str | Path) -> dict[str, Any]:
     for key in STRATEGY_NAMES:
         if key in data and data[key] not in STRATEGIES:
             raise DsgenError(f"{file}: {key} must be one of {', '.join(map(repr, STRATEGIES))}, got {data[key]!r}")
+    for key in LENGTH_KEYS:
+        value = data.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise DsgenError(f"{file}: {key} must be a positive integer or null, got {value!r}")
+    if "packing" in data and not isinstance(data["packing"], bool):
+        raise DsgenError(f"{file}: packing must be true or false, got {data['packing']!r}")
     if "optim" in data and not isinstance(data["optim"], str):
         raise DsgenError(f"{file}: optim must be a string (a TrainingArguments optim name), got {data['optim']!r}")
     if "do_eval" in data and not isinstance(data["do_eval"], bool):

@@ -23,6 +23,7 @@ from dsgen.doctor.oom_match import OomReading, read_oom
 from dsgen.doctor.oom_message import OomMessage, parse_oom
 from dsgen.doctor.parallelism import accelerate_data_parallel_size, sp_disagreement, trainer_sp_size
 from dsgen.doctor.run_optimizer import run_optimizer, with_run_optimizer
+from dsgen.doctor.sequence_length import run_sequence_length
 from dsgen.errors import DsgenError, ExitCode
 from dsgen.estimate.kernel_limits import KERNEL_LIMIT_HINT
 from dsgen.estimate.memory import GpuMemory
@@ -271,6 +272,11 @@ def diagnose(
     if world != spec.hardware.world_size:
         start = (DoctorFinding("info", "world-size", f"priced on {world} GPUs (--world-size)"),)
     spec = _spec_at(spec, world)
+    stated_length = spec.training.sequence_length
+    spec, length_note = run_sequence_length(spec, trainer_args)
+    if length_note is not None:
+        severity = "warning" if spec.training.sequence_length != stated_length else "info"
+        start = (*start, DoctorFinding(severity, "sequence-length", length_note))
     if trainer_args is not None and not spec.output.logits_released:
         # Trainer arguments mean the HF Trainer runs the loop: its loss backward is priced as such
         spec = replace(spec, output=replace(spec.output, target="hf-trainer"))
