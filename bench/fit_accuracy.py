@@ -40,7 +40,7 @@ import json
 import math
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -228,6 +228,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pooled over {', '.join(names)}:")
         outcomes_by_fill(doctor_rows)
         print(f"doctor verdicts right {right_n}/{total} ({right_n / total:.0%}, {wilson_text(right_n, total)})")
+        by_source_certainty(doctor_rows)
+        estimator = [row for row in doctor_rows if row.ds_estimator != "n/a"]
+        ds_right = sum(row.ds_estimator == row.outcome for row in estimator)
+        print(
+            f"DeepSpeed's model-state estimator on the same runs right {ds_right}/{len(estimator)} "
+            f"({ds_right / len(estimator):.0%}, {wilson_text(ds_right, len(estimator))}; stage-0 runs have none)"
+        )
     return 0
 
 
@@ -266,6 +273,33 @@ def outcomes_by_fill(rows: list[DoctorRow]) -> None:
         f"  one line between fits and oom: at dsgen's safe line {SAFE_LINE:.0%} {ours}/{len(gpu)} ({ours / len(gpu):.0%})"
         f" right; the best line on these predictions, {best_line:.1%}, {best_right}/{len(gpu)} ({best_right / len(gpu):.0%})"
     )
+
+
+#: How fully a source states its run, as the case's collector judged it before any scoring: ``strict``
+#: (the source itself states model, GPUs, ZeRO stage, offload, micro-batch, precision, checkpointing
+#: and a length every batch has; ``strict: true``), ``unsure`` (the collector's note begins
+#: "UNSURE": an outcome or input the source leaves open), else ``stated``.
+SOURCE_CERTAINTIES = ("strict", "stated", "unsure")
+
+
+def source_certainty(case: dict[str, Any]) -> str:
+    """The collector's judgement of one case's source (:data:`SOURCE_CERTAINTIES`)."""
+    if case.get("strict") is True:
+        return "strict"
+    if str(case.get("note") or "").startswith("UNSURE"):
+        return "unsure"
+    return "stated"
+
+
+def by_source_certainty(rows: list[DoctorRow]) -> None:
+    """The doctor's verdicts split by how fully each source states its run: where the misses lie
+    when the sources leave inputs or outcomes open."""
+    print("doctor verdicts by how fully the source states the run (the collector's judgement, made before scoring):")
+    for certainty in SOURCE_CERTAINTIES:
+        inside = [row for row in rows if source_certainty(row.case) == certainty]
+        right_n = sum(row.right for row in inside)
+        share = f"{right_n / len(inside):.0%}, {wilson_text(right_n, len(inside))}" if inside else "none"
+        print(f"  {certainty:7} {right_n:3}/{len(inside):<3} ({share})")
 
 
 def wilson_interval(successes: int, trials: int, z: float = 1.959964) -> tuple[float, float]:
@@ -414,7 +448,8 @@ def score_corpus(name: str, case_ids: list[str], json_path: Path | None, target:
         print(
             f"DeepSpeed estimator {n}/{m} ({n / m:.0%}) - {ds_source}; stage-0 cases have no estimator and are not counted"
         )
-    doctor_rows = doctor_verdicts(cases, corpus, target)
+    ds_verdicts = {case["id"]: ds.verdict for case, _, ds in evaluated}
+    doctor_rows = [replace(row, ds_estimator=ds_verdicts[row.case["id"]]) for row in doctor_verdicts(cases, corpus, target)]
     if json_path:
         json_path.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     return doctor_rows
@@ -436,6 +471,7 @@ class DoctorRow:
     fill: float
     verdict: str
     right: bool
+    ds_estimator: str = "n/a"  # DeepSpeed's model-state estimator on the same run (DsVerdict.verdict)
 
     @property
     def outcome(self) -> str:

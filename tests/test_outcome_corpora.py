@@ -282,3 +282,24 @@ def test_fit_accuracy_pools_the_corpora_it_is_given(capsys: pytest.CaptureFixtur
     assert [m for _, m in per_file] == [2, 1, 3]  # two cases of fit_heldout, one of blind3, the pool
     assert per_file[2] == (per_file[0][0] + per_file[1][0], 3)
     assert "pooled over fit_heldout, fit_heldout_blind3:" in out
+    by_certainty = [tuple(map(int, m)) for m in re.findall(r"^  (?:strict|stated|unsure) +(\d+)/(\d+) ", out, re.M)]
+    assert len(by_certainty) == 3  # strict, stated, unsure: each pooled run in exactly one
+    assert (sum(n for n, _ in by_certainty), sum(m for _, m in by_certainty)) == per_file[2]
+    estimator = re.search(r"^DeepSpeed's model-state estimator on the same runs right (\d+)/(\d+) ", out, re.M)
+    assert estimator is not None and int(estimator[2]) == 3  # none of the three is a stage-0 run
+
+
+@pytest.mark.parametrize(
+    ("case", "certainty"),
+    [
+        ({"strict": True, "note": "UNSURE: a strict case's note"}, "strict"),
+        ({"strict": False, "note": "UNSURE: the failure mode is not named"}, "unsure"),
+        ({"note": "the reporter was not UNSURE"}, "stated"),
+        ({"strict": "yes"}, "stated"),
+        ({}, "stated"),
+    ],
+)
+def test_fit_accuracy_reads_the_collectors_certainty(case: dict[str, Any], certainty: str) -> None:
+    """A case is strict only where its collector set ``strict: true``, unsure where the note opens
+    with the collectors' "UNSURE" mark, and stated otherwise."""
+    assert bench_module("fit_accuracy").source_certainty(case) == certainty
