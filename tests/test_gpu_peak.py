@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, require_module
+from tests.conftest import REPO_ROOT, bench_module, require_module
 
 
 @pytest.mark.slow
@@ -35,3 +35,13 @@ def test_cpu_smoke_writes_measured_beside_predicted(tmp_path: Path) -> None:
     assert row["max_memory_allocated_gib"] > 0 and row["max_memory_reserved_gib"] >= row["max_memory_allocated_gib"]
     assert row["predicted_gpu_gib"] > 0 and row["measured_step_s"] > 0
     assert row["plan"].startswith("ZeRO-2")
+
+
+def test_only_a_gpu_run_writes_the_gpu_figures_file(tmp_path: Path) -> None:
+    """The CPU smoke prints its rows and writes them only where --out says: its counters are the
+    process's, and bench/data/gpu_peak.json holds the GPU figures the docs cite."""
+    bench = bench_module("gpu_peak")
+    figures = REPO_ROOT / "bench" / "data" / "gpu_peak.json"
+    assert bench.output_path(None, cpu_smoke=False) == figures
+    assert bench.output_path(None, cpu_smoke=True) is None
+    assert bench.output_path(tmp_path / "peak.json", cpu_smoke=True) == tmp_path / "peak.json"
