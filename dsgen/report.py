@@ -7,6 +7,7 @@ from typing import Any
 from dsgen.estimate.optimizers import client_optimizer_call, is_client_optimizer
 from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
 from dsgen.evaluation import Evaluation
+from dsgen.method_summary import method_line, method_summary
 from dsgen.plan import Plan, plan_dict
 from dsgen.ranking import ties_fastest
 from dsgen.solver import SolveResult
@@ -14,17 +15,30 @@ from dsgen.spec.defaults import spec_default
 from dsgen.spec.types import Spec
 from dsgen.targets.long_context import attention_note, liger_note, long_context_notes
 from dsgen.text_table import text_table
-from dsgen.units import GIB, gib
+from dsgen.units import GIB, format_count, gib
 from dsgen.verdict import SAFE_LINE
 from dsgen.vocabulary import StepPhase
 
-PHASE_LABELS: dict[StepPhase, str] = {"forward_backward": "forward/backward", "optimizer_step": "the optimizer step"}
+PHASE_LABELS: dict[StepPhase, str] = {
+    "forward_backward": "forward/backward",
+    "optimizer_step": "the optimizer step",
+    "generation": "generation",
+}
 # What each --accounting value prices model states with (the text output names the one used).
 ACCOUNTING_LABELS = {
     "dsgen": "model states by dsgen's accounting",
     "deepspeed-estimator": "model states by DeepSpeed's own estimator",
 }
 GPU_TERMS = ("parameters", "gradients", "optimizer_states", "activations", "buffers", "transient", "overhead")
+# what fine-tuning and the objectives add (dsgen.estimate.memory.GpuMemory); printed when not zero
+METHOD_GPU_TERMS = (
+    "frozen_parameters",
+    "reference_model",
+    "value_model",
+    "vllm_reserved",
+    "generation",
+    "generation_gather",
+)
 
 
 def memory_dict(e: Evaluation) -> dict[str, Any]:
@@ -40,6 +54,8 @@ def memory_dict(e: Evaluation) -> dict[str, Any]:
             "phases": {"forward_backward": gpu.forward_backward, "optimizer_step": gpu.optimizer_step},
             "first_layer_forward": gpu.first_layer_forward,
             "gradients_by_phase": {"forward_backward": gpu.backward_gradients, "optimizer_step": gpu.step_gradients},
+            **{term: int(getattr(gpu, term)) for term in METHOD_GPU_TERMS},
+            "generation_phase": gpu.generation_phase,
         },
         "cpu": {
             "total": e.memory.cpu.total,
@@ -98,11 +114,13 @@ def evaluation_dict(e: Evaluation, spec: Spec) -> dict[str, Any]:
             "compute_s": round(e.step.compute_s, 6),
             "exposed_comm_s": round(e.step.exposed_comm_s, 6),
             "offload_s": round(e.step.offload_s, 6),
+            "generation_s": round(e.step.generation_s, 6),
         },
         "tokens_per_s": round(e.tokens_per_s, 3),
         "mfu": round(_mfu(e, spec), 4),
         "reason": e.reason() or None,
         **e.fit.as_dict(),  # verdict, fill, band, safe_line, evidence (dsgen.verdict)
+        "finetuning": method_summary(spec, e).as_dict(),
     }
 
 
@@ -265,14 +283,6 @@ def script_requirements(spec: Spec, plan: Plan) -> str:
     return "Your training script must: " + "; ".join(needs) + "."
 
 
-def format_count(n: int) -> str:
-    """1234567 -> '1.23 M', 8030261248 -> '8.03 B'."""
-    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if n >= scale:
-            return f"{n / scale:.2f} {suffix}"
-    return str(n)
-
-
 def _bar(value: int, capacity: int, width: int = 24) -> str:
     filled = round(width * min(value / capacity, 1.0)) if capacity else 0
     return "#" * filled + "." * (width - filled)
@@ -292,6 +302,7 @@ def human_summary(result: SolveResult) -> str:
         + (", Liger-Kernel" if spec.training.liger_kernel else ""),
         f"hardware  {spec.hardware.nodes} x {spec.hardware.gpus_per_node} x {spec.hardware.gpu.name}"
         + _release_note(spec.training.deepspeed_version),
+        *filter(None, [method_line(spec, e)]),
         f"plan      {p.describe()}",
         f"batch     {p.global_batch_size} = micro {p.micro_batch_size} x accumulation "
         f"{p.gradient_accumulation_steps} x data-parallel {p.batch_parallel_size}",
@@ -299,7 +310,8 @@ def human_summary(result: SolveResult) -> str:
         f"GPU memory per rank (capacity {gib(e.memory.gpu.capacity)}, usable {gib(e.usable_gpu_bytes)}; "
         f"{ACCOUNTING_LABELS[result.accounting]}):",
     ]
-    for term in GPU_TERMS:
+    shown_terms = (*GPU_TERMS, *(t for t in METHOD_GPU_TERMS if getattr(e.memory.gpu, t)))
+    for term in shown_terms:
         value = getattr(e.memory.gpu, term)
         lines.append(f"  {term:<17} {gib(value):>11}  {_bar(value, e.usable_gpu_bytes)}")
     total = e.memory.gpu.total
@@ -307,16 +319,19 @@ def human_summary(result: SolveResult) -> str:
         f"  {'total (peak)':<17} {gib(total):>11}  {_bar(total, e.usable_gpu_bytes)}  "
         f"{100 * total / e.usable_gpu_bytes:.0f}% of usable, peak in {PHASE_LABELS[e.memory.gpu.peak_phase]}"
     )
+    generation = f", generation {gib(e.memory.gpu.generation_phase)}" if e.memory.gpu.generates else ""
     lines.append(
         f"  phases: forward/backward {gib(e.memory.gpu.forward_backward)}, "
-        f"optimizer step {gib(e.memory.gpu.optimizer_step)}"
+        f"optimizer step {gib(e.memory.gpu.optimizer_step)}{generation}"
     )
     lines.extend(host_lines(e))
     if e.memory.nvme.total:
         lines.append(f"NVMe per node      {gib(e.memory.nvme.total)} of {gib(e.memory.nvme.capacity)}")
     lines.append(
         f"step time {e.step.total_s:.3f} s (compute {e.step.compute_s:.3f}, exposed comm "
-        f"{e.step.exposed_comm_s:.3f}, offload {e.step.offload_s:.3f}); {e.tokens_per_s:,.0f} tokens/s"
+        f"{e.step.exposed_comm_s:.3f}, offload {e.step.offload_s:.3f}"
+        + (f", generation {e.step.generation_s:.3f}" if e.step.generation_s else "")
+        + f"); {e.tokens_per_s:,.0f} tokens/s"
     )
     fit = e.fit
     lines.append(f"verdict   {fit.verdict} ({fit.fill:.0%} of GPU capacity; safe line {SAFE_LINE:.0%})")

@@ -12,3 +12,11 @@ def gib(value: float) -> str:
     if value >= 1024 * GIB:
         return f"{value / (1024 * GIB):.2f} TiB"
     return f"{value / GIB:.1f} GiB"
+
+
+def format_count(n: int) -> str:
+    """1234567 -> '1.23 M', 8030261248 -> '8.03 B'."""
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.2f} {suffix}"
+    return str(n)

@@ -20,8 +20,20 @@ OffloadDevice = Literal["none", "cpu", "nvme"]
 Checkpointing = Literal["none", "selective", "full"]
 #: Whose model-state accounting prices memory: dsgen's, or DeepSpeed's own estimator.
 Accounting = Literal["dsgen", "deepspeed-estimator"]
-#: The part of a training step a GPU memory figure belongs to.
-StepPhase = Literal["forward_backward", "optimizer_step"]
+#: Which parameters train (``training.finetuning``): every one; low-rank adapters on a 16-bit base
+#: (LoRA, Hu et al. 2021) or on a quantized one (QLoRA, Dettmers et al. 2023); the last layers only.
+FineTuningMethod = Literal["full", "lora", "qlora", "freeze"]
+#: The training objective (``training.objective``): supervised, paired preference (DPO, ORPO,
+#: SimPO, reward models), unpaired preference (KTO), or online RL with generation (GRPO, PPO).
+Objective = Literal["sft", "dpo", "kto", "orpo", "simpo", "reward", "grpo", "ppo"]
+#: How a preference or RL objective gets its reference log-probabilities (``training.reference_model``).
+ReferenceModel = Literal["auto", "separate", "adapter-disabled", "precomputed", "none"]
+#: Who generates GRPO/PPO completions (``training.generation.engine``).
+GenerationEngine = Literal["transformers", "vllm-colocate", "vllm-server"]
+#: How frozen weights are quantized (``training.quantization.type``).
+QuantizationType = Literal["nf4", "fp4", "int8", "gptq", "awq"]
+#: The part of a training step a GPU memory figure belongs to (generation: GRPO/PPO only).
+StepPhase = Literal["forward_backward", "optimizer_step", "generation"]
 #: How bad a validation finding is.
 Severity = Literal["error", "warning"]
 #: When DeepSpeed itself fails on a finding: ``config`` = ``DeepSpeedConfig(...)`` raises,
@@ -41,3 +53,8 @@ ACCOUNTINGS: tuple[Accounting, ...] = get_args(Accounting)
 STEP_PHASES: tuple[StepPhase, ...] = get_args(StepPhase)
 SEVERITIES: tuple[Severity, ...] = get_args(Severity)
 PHASES: tuple[Phase, ...] = get_args(Phase)
+FINETUNING_METHODS: tuple[FineTuningMethod, ...] = get_args(FineTuningMethod)
+OBJECTIVES: tuple[Objective, ...] = get_args(Objective)
+REFERENCE_MODELS: tuple[ReferenceModel, ...] = get_args(ReferenceModel)
+GENERATION_ENGINES: tuple[GenerationEngine, ...] = get_args(GenerationEngine)
+QUANTIZATION_TYPES: tuple[QuantizationType, ...] = get_args(QuantizationType)

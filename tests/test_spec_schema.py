@@ -90,7 +90,12 @@ ATTRIBUTE = {
     "hardware.gpu": None,  # a preset name or a mapping: no default
     "$defs.gpu.peak_tflops": "hardware.gpu.peak_tflops_bf16",
     "$defs.architecture.family": None,  # checked through the inline-architecture tests
+    # the method, objective and reference model sit together in Training.finetuning
+    "training.finetuning": "training.finetuning.method",
+    "training.objective": "training.finetuning.objective",
+    "training.reference_model": "training.finetuning.reference_model",
 }
+FINETUNING_BLOCKS = ("training.lora.", "training.quantization.", "training.freeze.", "training.generation.")
 
 
 def test_a_spec_that_leaves_keys_out_gets_the_schemas_defaults() -> None:
@@ -100,6 +105,8 @@ def test_a_spec_that_leaves_keys_out_gets_the_schemas_defaults() -> None:
         if "default" not in node or ATTRIBUTE.get(path, path) is None:
             continue
         target = ATTRIBUTE.get(path) or path.replace("$defs.gpu.", "hardware.gpu.")
+        if target.startswith(FINETUNING_BLOCKS):
+            target = target.replace("training.", "training.finetuning.", 1)
         value: Any = spec
         for part in target.split("."):
             value = getattr(value, part)

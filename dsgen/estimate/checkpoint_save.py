@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.estimate.model_states import ModelStates
+from dsgen.estimate.trainable import ParameterSplit, largest_frozen
 from dsgen.plan import Plan
 from dsgen.units import FP32
 
@@ -59,15 +60,22 @@ def engine_save_bytes(states: ModelStates, plan: Plan, ranks_per_node: int) -> i
     largest = states.partitioning.largest_tensor
     stepped = states.partitioning.stepped if plan.zero_stage > 0 or flat else largest
     optimizer = FP32 * stepped if optimizer_on_gpu else 0
-    module = plan.dtype_bytes * (states.partitioning.parameters if flat else largest) if plan.zero_stage < 3 else 0
+    # a frozen tensor is a storage of its own in the module's state dict (fine-tuning)
+    largest_storage = max(
+        states.partitioning.parameters if flat else largest, largest_frozen(states.partitioning.split)
+    )
+    module = plan.dtype_bytes * largest_storage if plan.zero_stage < 3 else 0
     rank0 = max(module, optimizer)
     if plan.zero_stage == 0:  # no ZeRO partition files: rank 0 writes the optimizer with the module
         return rank0
     return rank0 + (ranks_per_node - 1) * optimizer
 
 
-def trainer_state_dict_bytes(shape: ModelShape, plan: Plan, ranks_per_node: int) -> int:
-    """The HF Trainer's ``save_model`` state dict on rank 0's node (see the module docstring)."""
+def trainer_state_dict_bytes(shape: ModelShape, plan: Plan, ranks_per_node: int, split: ParameterSplit) -> int:
+    """The HF Trainer's ``save_model`` state dict on rank 0's node (see the module docstring). A
+    PEFT model saves its adapters alone (``PeftModel.save_pretrained``: ``get_peft_model_state_dict``)."""
+    if split.adapters:
+        return (1 if plan.zero_stage == 3 else ranks_per_node) * plan.dtype_bytes * split.trainable_count
     if plan.zero_stage == 3:
         gathered = plan.knobs.gather_16bit_weights_on_model_save
         return plan.dtype_bytes * shape.parameter_count() if gathered else 0
@@ -81,5 +89,7 @@ def checkpoint_save(
     """What a checkpoint save copies to the host (``trainer_saves_model``: the HF Trainer's loop)."""
     return CheckpointSave(
         engine=engine_save_bytes(states, plan, ranks_per_node),
-        state_dict=trainer_state_dict_bytes(shape, plan, ranks_per_node) if trainer_saves_model else 0,
+        state_dict=trainer_state_dict_bytes(shape, plan, ranks_per_node, states.partitioning.split)
+        if trainer_saves_model
+        else 0,
     )

@@ -14,10 +14,13 @@ from dataclasses import dataclass, replace
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.deepspeed_release import release_key
+from dsgen.estimate.adapter_activations import adapter_activation_bytes
 from dsgen.estimate.checkpoint_save import NO_SAVE_COPIES, CheckpointSave, checkpoint_save
 from dsgen.estimate.model_states import ModelStates, model_states
+from dsgen.estimate.objectives import GENERATION_OBJECTIVES, objective_memory, sequences_per_sample
 from dsgen.estimate.optimizers import step_temporary_bytes
 from dsgen.estimate.sequence_parallel import long_context_memory
+from dsgen.estimate.trainable import largest_dequantized, parameter_split
 from dsgen.estimate.zero12_offload import offload_write_back_copy, zero12_pinned_rounding, zero12_staging_bytes
 from dsgen.plan import Plan
 from dsgen.spec.types import Hardware, Optimizer, Training
@@ -59,6 +62,14 @@ class GpuMemory:
     # checkpointing. Below ``total`` in practice; what it decides is which resource a plan short of
     # both GPU and host RAM runs out of first (dsgen.evaluation.Evaluation.fit)
     first_layer_forward: int = 0
+    # fine-tuning and objectives (dsgen.estimate.trainable, dsgen.estimate.objectives); 0 in full SFT
+    frozen_parameters: int = 0  # the frozen weights (16-bit, or quantized with their constants)
+    reference_model: int = 0  # a separate reference model (and PPO's reward model), held all step
+    value_model: int = 0  # PPO's value model: a second trained model's states
+    vllm_reserved: int = 0  # vllm-colocate: the share of the GPU vLLM keeps while training too
+    generation: int = 0  # GRPO/PPO generation: the KV cache and sampling logits (transformers engine)
+    generation_gather: int = 0  # ZeRO-3: the whole model gathered to generate or to sync vLLM
+    generates: bool = False  # whether the step has a generation phase (GRPO, PPO)
     _total = None  # cache of ``total``, not a field (no annotation); set with object.__setattr__
 
     @property
@@ -67,9 +78,16 @@ class GpuMemory:
         return max(self.backward_gradients, self.step_gradients)
 
     @property
+    def held_beside(self) -> int:
+        """What every phase holds beside the trained model states: frozen weights, the objective's
+        other models, and vLLM's reserved share."""
+        return self.frozen_parameters + self.reference_model + self.value_model + self.vllm_reserved
+
+    @property
     def forward_backward(self) -> int:
         return (
-            self.parameters
+            self.held_beside
+            + self.parameters
             + self.backward_gradients
             + self.optimizer_states
             + self.activations
@@ -81,7 +99,8 @@ class GpuMemory:
     @property
     def optimizer_step(self) -> int:
         return (
-            self.parameters
+            self.held_beside
+            + self.parameters
             + self.step_gradients
             + self.optimizer_states
             + self.step_buffers
@@ -90,15 +109,34 @@ class GpuMemory:
         )
 
     @property
+    def generation_phase(self) -> int:
+        """GRPO/PPO's generation, between optimizer steps (0 without one): the model states and
+        the ZeRO buffers that stay allocated, the cache and logits of generating, and under ZeRO-3
+        the whole gathered model; no activations or gradients are alive."""
+        if not self.generates:
+            return 0
+        return (
+            self.held_beside
+            + self.parameters
+            + self.optimizer_states
+            + self.step_buffers
+            + self.step_overhead
+            + self.generation
+            + self.generation_gather
+        )
+
+    @property
     def total(self) -> int:
         value = self._total  # memoised: feasibility checks and ranking ask for it many times per plan
         if value is None:
-            value = max(self.forward_backward, self.optimizer_step)
+            value = max(self.forward_backward, self.optimizer_step, self.generation_phase)
             object.__setattr__(self, "_total", value)
         return value
 
     @property
     def peak_phase(self) -> StepPhase:
+        if self.generation_phase > max(self.forward_backward, self.optimizer_step):
+            return "generation"
         return "forward_backward" if self.forward_backward >= self.optimizer_step else "optimizer_step"
 
 
@@ -229,6 +267,12 @@ def offloaded_host_bytes(states: ModelStates, plan: Plan, hardware: Hardware, de
     return offloaded
 
 
+def loaded_model_bytes(states: ModelStates, plan: Plan) -> int:
+    """One process's whole model in memory without ZeRO-3: the trained parameters in the training
+    dtype and the frozen ones as stored (quantized weights packed)."""
+    return plan.dtype_bytes * states.partitioning.parameters + states.frozen.resident + states.frozen.partitions
+
+
 def process_host_bytes(hardware: Hardware) -> int:
     """The node's training processes themselves (:data:`HOST_BYTES_PER_RANK` each)."""
     return hardware.gpus_per_node * HOST_BYTES_PER_RANK
@@ -242,7 +286,7 @@ def startup_host_bytes(states: ModelStates, plan: Plan, hardware: Hardware, deep
     engine moves the model to the GPU, before the offloaded states are allocated, so the two do
     not add up."""
     ranks = hardware.gpus_per_node
-    loading = ranks * plan.dtype_bytes * states.partitioning.parameters if plan.zero_stage < 3 else 0
+    loading = ranks * loaded_model_bytes(states, plan) if plan.zero_stage < 3 else 0
     flattening = zero12_host_flattening(states, plan, hardware, deepspeed_version)
     return process_host_bytes(hardware) + max(loading, flattening)
 
@@ -268,7 +312,7 @@ def zero12_host_flattening(states: ModelStates, plan: Plan, hardware: Hardware, 
     the offloaded optimizer states are allocated after, so the three host peaks do not add up."""
     if plan.zero_stage not in (1, 2):
         return 0
-    model = plan.dtype_bytes * states.partitioning.parameters
+    model = loaded_model_bytes(states, plan)
     flat = plan.dtype_bytes * states.partitioning.zero12_slice * states.partitioning.ranks
     on_device = release_key(deepspeed_version) >= ZERO12_DEVICE_FLATTENING_SINCE
     if on_device and hardware.gpu.memory_bytes - model >= flat:
@@ -353,7 +397,9 @@ def estimate_memory(
     estimator ignores, stay dsgen's.
     """
     process = process_host_bytes(hardware)
-    states = model_states(shape, plan, training.optimizer.type)
+    finetuning = training.finetuning
+    split = parameter_split(shape, finetuning)
+    states = model_states(shape, plan, training.optimizer.type, split)
     if accounting == "dsgen":
         startup = startup_host_bytes(states, plan, hardware, training.deepspeed_version)
         offloaded = offloaded_host_bytes(states, plan, hardware, training.deepspeed_version)
@@ -364,19 +410,26 @@ def estimate_memory(
         raise ValueError(f"unknown accounting {accounting!r}; expected one of {ACCOUNTINGS}")
     zero_buffers = buffer_bytes(shape, plan)
     # activations, the loss or rebuilt-layer transient, and whatever Ulysses SP, tiling and
-    # checkpoint offload change (a plan without them is the one-GPU, untiled case)
-    long = long_context_memory(shape, plan, training, logits_released)
-    acts, transient = long.activations, long.transient
+    # checkpoint offload change (a plan without them is the one-GPU, untiled case); a paired
+    # objective runs both sequences of each sample in one micro-batch
+    sequences = sequences_per_sample(finetuning.objective)
+    forward_plan = plan if sequences == 1 else replace(plan, micro_batch_size=sequences * plan.micro_batch_size)
+    long = long_context_memory(shape, forward_plan, training, logits_released)
+    acts = long.activations.total + adapter_activation_bytes(shape, forward_plan, training, finetuning)
+    transient = max(long.transient, plan.dtype_bytes * largest_dequantized(split))
     checkpoints = hardware.gpus_per_node * long.host_per_rank
     save = checkpoint_save(shape, states, plan, hardware.gpus_per_node, trainer_saves_model)
     host_total = max(startup, process + offloaded + max(checkpoints, save.peak))
     buffers = zero_buffers + long.buffers
-    dynamic = acts.total + buffers + transient
+    dynamic = acts + buffers + transient
     fixed = CUDA_CONTEXT_BYTES + COMM_LIBRARY_BYTES
+    trained_states = states.parameters + states.gpu_optimizer_states + states.step_gradients
+    extra = objective_memory(shape, plan, finetuning, split, trained_states, hardware.gpu.memory_bytes)
     first_layer_forward = 0
     if long.layer_forward:
         first_layer_forward = (
             states.parameters
+            + states.frozen_on_gpu
             + states.gpu_optimizer_states
             + zero_buffers
             + fixed
@@ -385,7 +438,7 @@ def estimate_memory(
     gpu = GpuMemory(
         parameters=states.parameters,
         optimizer_states=states.gpu_optimizer_states,
-        activations=acts.total,
+        activations=acts,
         buffers=buffers,
         transient=transient,
         overhead=fixed + int(ALLOCATOR_SLACK * dynamic),
@@ -396,6 +449,13 @@ def estimate_memory(
         step_buffers=step_buffer_bytes(shape, plan),
         step_temporary=optimizer_step_temporary(states, plan, training.optimizer, training.deepspeed_version),
         first_layer_forward=first_layer_forward,
+        frozen_parameters=states.frozen_on_gpu,
+        reference_model=extra.reference,
+        value_model=extra.value,
+        vllm_reserved=extra.vllm_reserved,
+        generation=extra.generation,
+        generation_gather=extra.generation_gather,
+        generates=finetuning.objective in GENERATION_OBJECTIVES,
     )
     cpu = HostMemory(
         total=host_total,

@@ -49,97 +49,32 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import accumulate
-from math import prod
 
-from dsgen.catalog.model_shape import TRAIT_FAMILIES, ModelShape
+from dsgen.catalog.model_shape import ModelShape
 from dsgen.estimate.optimizers import flat_state_bytes, state_bytes
+from dsgen.estimate.parameter_layout import parameter_shapes, parameter_tensors
 from dsgen.estimate.swap_buffers import nvme_buffers
+from dsgen.estimate.trainable import FrozenBytes, ParameterSplit, frozen_bytes, full_split
 from dsgen.plan import Plan
 from dsgen.units import FP32
 
 # stage_1_and_2.py: "align nccl all-gather send buffers to 4-byte boundary" -> the flat 16-bit
 # group is padded to a multiple of this many elements times the data-parallel size.
 NCCL_START_ALIGNMENT_FACTOR = 2
+NO_FROZEN = FrozenBytes(0)
 
 
-Shape = tuple[int, ...]
+__all__ = ["parameter_shapes", "parameter_tensors"]  # re-exported: their readers import them from here
 
 
-def _linear(fan_in: int, fan_out: int, bias: bool) -> tuple[Shape, ...]:
-    return ((fan_out, fan_in), (fan_out,)) if bias else ((fan_out, fan_in),)
-
-
-@lru_cache(maxsize=256)
-def parameter_shapes(shape: ModelShape) -> tuple[Shape, ...]:
-    """Shapes of the model's parameter tensors in ``model.parameters()`` order.
-
-    The order is the module registration order of the family's transformers implementation
-    (transformers 5; tied output weights appear once, as ``parameters()`` de-duplicates them).
-    ZeRO-1/2 partition the flat concatenation of these tensors in this order, so the order decides
-    which tensors straddle a partition boundary; ZeRO-3 partitions each tensor on its own. The
-    dimensions themselves matter only to optimizers that factor their state (Adafactor).
-    """
-    if shape.family in TRAIT_FAMILIES:  # issue 17: today's decoders, laid out from their traits
-        return shape.parameter_shapes()
-    h, q, kv, f = shape.hidden_size, shape.q_size, shape.kv_size, shape.intermediate_size
-    qkv = q + 2 * kv
-    ab, aob, mb = shape.attention_bias, shape.attention_out_bias, shape.mlp_bias
-    norm: tuple[Shape, ...] = ((h,), (h,)) if shape.norm == "layernorm" else ((h,),)
-    tensors: list[Shape] = [(shape.vocab_size, h)]
-    if shape.learned_position_embeddings:
-        tensors.append((shape.learned_position_embeddings, h))
-    if shape.token_type_embeddings:
-        tensors.append((shape.token_type_embeddings, h))
-    if shape.embedding_norm:
-        tensors += norm
-
-    family = shape.family
-    layer: tuple[Shape, ...]
-    if family == "gpt2":  # ln_1, c_attn (fused qkv), c_proj, ln_2, c_fc, c_proj
-        layer = (*norm, *_linear(h, qkv, ab), *_linear(q, h, aob), *norm, *_linear(h, f, mb), *_linear(f, h, mb))
-    elif family == "gpt_neox":  # both norms first, then query_key_value, dense, dense_h_to_4h, dense_4h_to_h
-        layer = (*norm, *norm, *_linear(h, qkv, ab), *_linear(q, h, aob), *_linear(h, f, mb), *_linear(f, h, mb))
-    elif family == "bert":  # query, key, value, output.dense, LayerNorm, intermediate, output.dense, LayerNorm
-        attention = (*_linear(h, q, ab), *_linear(h, kv, ab), *_linear(h, kv, ab), *_linear(q, h, aob))
-        layer = (*attention, *norm, *_linear(h, f, mb), *_linear(f, h, mb), *norm)
-    elif family == "phi3":  # o_proj is registered before qkv_proj; fused gate_up_proj
-        layer = (
-            *_linear(q, h, aob),
-            *_linear(h, qkv, ab),
-            *_linear(h, 2 * f, mb),
-            *_linear(f, h, mb),
-            *norm * shape.norms_per_layer,
-        )
-    else:  # llama, mistral, qwen2, gemma2, mixtral: q, k, v, o, then the MLP, then the norms
-        attention = (*_linear(h, q, ab), *_linear(h, kv, ab), *_linear(h, kv, ab), *_linear(q, h, aob))
-        if shape.is_moe:  # router, then all experts as two stacked tensors (transformers >= 5)
-            e = shape.num_experts
-            mlp: tuple[Shape, ...] = ((e, h), (e, 2 * f, h), (e, h, f))
-        else:
-            gate_up = _linear(h, f, mb) * (2 if shape.gated_mlp else 1)
-            mlp = (*gate_up, *_linear(f, h, mb))
-        layer = (*attention, *mlp, *norm * shape.norms_per_layer)
-    tensors += layer * shape.num_layers
-
-    if shape.final_norm:
-        tensors += norm
-    if not shape.tie_word_embeddings and not shape.encoder_only:
-        tensors.append((shape.vocab_size, h))
-    if shape.pooler:
-        tensors += _linear(h, h, True)
-    return tuple(tensors)
-
-
-@lru_cache(maxsize=256)
-def parameter_tensors(shape: ModelShape) -> tuple[int, ...]:
-    """Element counts of the model's parameter tensors in ``model.parameters()`` order."""
-    return tuple(prod(s) for s in parameter_shapes(shape))
-
-
-@lru_cache(maxsize=256)
 def largest_parameter_tensor(shape: ModelShape) -> int:
     """Elements of the largest single parameter tensor (ZeRO-1/2 offload sizes staging buffers by it)."""
-    return max(parameter_tensors(shape))
+    return _largest_tensor(full_split(shape))
+
+
+@lru_cache(maxsize=256)
+def _largest_tensor(split: ParameterSplit) -> int:
+    return max(split.trainable, default=0)
 
 
 @lru_cache(maxsize=256)
@@ -149,25 +84,32 @@ def persistent_parameters(shape: ModelShape, threshold: int) -> int:
     return sum(n for n in parameter_tensors(shape) if n <= threshold)
 
 
-@lru_cache(maxsize=1024)
 def zero12_partition(shape: ModelShape, ranks: int) -> int:
     """Elements of each rank's slice of the flat 16-bit group in ZeRO-1/2, alignment padding included."""
+    return _zero12_partition(full_split(shape), ranks)
+
+
+@lru_cache(maxsize=1024)
+def _zero12_partition(split: ParameterSplit, ranks: int) -> int:
     alignment = NCCL_START_ALIGNMENT_FACTOR * ranks
-    padded = -(-sum(parameter_tensors(shape)) // alignment) * alignment
+    padded = -(-split.trainable_count // alignment) * alignment
     return padded // ranks
 
 
-@lru_cache(maxsize=1024)
 def zero12_gradient_buffer(shape: ModelShape, ranks: int) -> int:
-    """Elements of the largest per-rank 16-bit gradient buffer in ZeRO-1/2 (no offload).
+    """Elements of the largest per-rank 16-bit gradient buffer in ZeRO-1/2 (no offload)."""
+    return _zero12_gradient_buffer(full_split(shape), ranks)
 
-    ``get_partition_info`` gives a rank every tensor that starts inside its slice or straddles the
+
+@lru_cache(maxsize=1024)
+def _zero12_gradient_buffer(split: ParameterSplit, ranks: int) -> int:
+    """``get_partition_info`` gives a rank every tensor that starts inside its slice or straddles the
     slice's start, and the contiguous gradient buffer holds those tensors whole; the worst rank counts.
-    """
-    tensors = parameter_tensors(shape)
+    Only trained tensors are in the flat group."""
+    tensors = split.trainable
     ends = list(accumulate(tensors))
     starts = [end - n for end, n in zip(ends, tensors, strict=True)]
-    size = zero12_partition(shape, ranks)
+    size = _zero12_partition(split, ranks)
     largest = 0
     # Only ranks whose slice holds a tensor start, or begins inside a tensor, can be the worst: at
     # most two per tensor, so the loop does not grow with the rank count (issue 14: 2**53 GPUs).
@@ -198,15 +140,22 @@ class Zero3Layout:
     sub_groups: tuple[int, ...]  # elements of each optimizer sub-group, in order
 
 
-@lru_cache(maxsize=1024)
 def zero3_layout(shape: ModelShape, ranks: int, persistence_threshold: int, sub_group_size: int) -> Zero3Layout:
     """ZeRO-3's per-tensor partitioning (``partition_parameters.py``: each tensor padded to a
     multiple of N) and its optimizer sub-groups (``stage3.py::_create_fp16_sub_groups``)."""
-    tensors = parameter_tensors(shape)
+    return _zero3_layout(full_split(shape), ranks, persistence_threshold, sub_group_size)
+
+
+@lru_cache(maxsize=1024)
+def _zero3_layout(split: ParameterSplit, ranks: int, persistence_threshold: int, sub_group_size: int) -> Zero3Layout:
+    """The layout of the trained tensors (frozen ones have no sub-groups: :func:`frozen_bytes`)."""
+    tensors = split.trainable
     parts = [-(-n // ranks) for n in tensors]
     total = sum(parts)
     groups: list[int] = []
-    if sub_group_size >= total:
+    if not total:
+        groups.append(0)
+    elif sub_group_size >= total:
         groups.append(total)
     else:
         current = 0
@@ -229,9 +178,9 @@ def zero3_layout(shape: ModelShape, ranks: int, persistence_threshold: int, sub_
 
 @dataclass(frozen=True)  # one per candidate plan
 class Partitioning:
-    """How one plan splits the model's elements over its ``ranks`` data-parallel ranks (worst rank)."""
+    """How one plan splits the trained elements over its ``ranks`` data-parallel ranks (worst rank)."""
 
-    parameters: int  # P, the whole model
+    parameters: int  # P, the trained parameters (the whole model in full training)
     ranks: int  # N
     even_share: int  # ⌈P/N⌉: what parameter offload and NVMe swapping hold per rank
     largest_tensor: int  # ZeRO-1/2 offload sizes its staging buffers by it
@@ -245,23 +194,27 @@ class Partitioning:
     # parameter group (``stage_1_and_2.py``, ``_optimizer_step``); ZeRO-3 one sub-group at a time,
     # the largest (``stage3.py``, ``_optimizer_step`` per ``sub_group_id``).
     stepped: int
+    split: ParameterSplit  # what trains (P and every count above are of its trained tensors)
 
 
-def partitioning(shape: ModelShape, plan: Plan) -> Partitioning:
-    """The element counts of ``plan``'s partitioning (each memoised per model and rank count).
+def partitioning(shape: ModelShape, plan: Plan, split: ParameterSplit | None = None) -> Partitioning:
+    """The element counts of ``plan``'s partitioning of the trained tensors of ``split`` (the whole
+    model by default; each memoised per split and rank count).
 
     NVMe optimizer offload swaps ZeRO-3's sub-groups, so a config that asks for it at another
     stage (``dsgen doctor`` reads such configs) is priced with ZeRO-3's layout, as DeepSpeed's
     swapper would need it."""
-    p = shape.parameter_count()
+    whole = full_split(shape)
+    split = whole if split is None else split
+    p = shape.parameter_count() if split is whole else split.trainable_count
     n = plan.data_parallel_size
     stage = plan.zero_stage
     zero12 = stage in (1, 2)
     k = plan.knobs
     layout = None
     if stage == 3 or plan.offload_optimizer == "nvme":
-        layout = zero3_layout(shape, n, k.param_persistence_threshold, k.sub_group_size)
-    slice_ = zero12_partition(shape, n) if zero12 else 0
+        layout = _zero3_layout(split, n, k.param_persistence_threshold, k.sub_group_size)
+    slice_ = _zero12_partition(split, n) if zero12 else 0
     stepped = p
     if zero12:
         stepped = slice_
@@ -271,11 +224,12 @@ def partitioning(shape: ModelShape, plan: Plan) -> Partitioning:
         parameters=p,
         ranks=n,
         even_share=-(-p // n),
-        largest_tensor=largest_parameter_tensor(shape),
+        largest_tensor=_largest_tensor(split),
         zero12_slice=slice_,
-        zero12_gradient_buffer=zero12_gradient_buffer(shape, n) if zero12 else 0,
+        zero12_gradient_buffer=_zero12_gradient_buffer(split, n) if zero12 else 0,
         zero3=layout,
         stepped=stepped,
+        split=split,
     )
 
 
@@ -299,6 +253,8 @@ class ModelStates:
     offloaded_parameters_host: int = 0  # host bytes of one rank's parameter offload (CPU or NVMe)
     pinned_rounding: int = 0  # host bytes one rank's pinned blocks take beyond their tensors
     nvme: int = 0  # NVMe bytes one rank swaps out (ZeRO-Infinity)
+    frozen: FrozenBytes = NO_FROZEN  # the frozen weights (fine-tuning; dsgen.estimate.trainable)
+    frozen_on_gpu: int = 0  # the GPU's share of them (ZeRO-3 parameter offload moves the partitions out)
 
     @property
     def gradients(self) -> int:
@@ -311,12 +267,19 @@ class ModelStates:
         return self.optimizer_states + self.partial_offload_on_gpu
 
 
-def model_states(shape: ModelShape, plan: Plan, optimizer: str) -> ModelStates:
-    """Every model-state term of ``plan`` on one GPU and its host (see the module docstring)."""
-    parts = partitioning(shape, plan)
+def model_states(shape: ModelShape, plan: Plan, optimizer: str, split: ParameterSplit | None = None) -> ModelStates:
+    """Every model-state term of ``plan`` on one GPU and its host (see the module docstring).
+    ``split``: what trains (:func:`dsgen.estimate.trainable.parameter_split`); the whole model by default."""
+    parts = partitioning(shape, plan, split)
     backward, step = _gradients_by_phase(shape, plan, parts)
     params, states = _parameters_and_states(shape, plan, parts, optimizer)
+    frozen = frozen_bytes(
+        parts.split, plan.dtype_bytes, plan.zero_stage, parts.ranks, plan.knobs.param_persistence_threshold
+    )
+    partitions_offloaded = plan.zero_stage == 3 and plan.offload_param != "none"
     return ModelStates(
+        frozen=frozen,
+        frozen_on_gpu=frozen.resident + (0 if partitions_offloaded else frozen.partitions),
         partitioning=parts,
         parameters=params,
         backward_gradients=backward,
@@ -325,7 +288,8 @@ def model_states(shape: ModelShape, plan: Plan, optimizer: str) -> ModelStates:
         partial_offload_on_gpu=_partial_offload_on_gpu(plan, parts, optimizer),
         offloaded_optimizer=_offloaded_optimizer(plan, parts, optimizer),
         nvme_optimizer_host=_nvme_optimizer_host(plan, parts, optimizer),
-        offloaded_parameters_host=_offloaded_parameters_host(plan, parts, optimizer),
+        offloaded_parameters_host=_offloaded_parameters_host(plan, parts, optimizer)
+        + (frozen.partitions if plan.offload_param == "cpu" else 0),
         pinned_rounding=_pinned_rounding(shape, plan, parts),
         nvme=_nvme(plan, parts, optimizer),
     )
@@ -379,10 +343,10 @@ def _zero3(parts: Partitioning) -> Zero3Layout:
 
 
 @lru_cache(maxsize=256)
-def _whole_model_state_bytes(shape: ModelShape, optimizer: str) -> int:
-    """Optimizer state when the optimizer sees the model's own tensors (no ZeRO); memoised, as the
-    solver asks for it once per stage-0 candidate."""
-    return state_bytes(optimizer, parameter_shapes(shape))
+def _whole_model_state_bytes(split: ParameterSplit, optimizer: str) -> int:
+    """Optimizer state when the optimizer sees the model's own trained tensors (no ZeRO); memoised,
+    as the solver asks for it once per stage-0 candidate."""
+    return state_bytes(optimizer, split.trainable_shapes)
 
 
 def _parameters_and_states(shape: ModelShape, plan: Plan, parts: Partitioning, optimizer: str) -> tuple[int, int]:
@@ -395,7 +359,7 @@ def _parameters_and_states(shape: ModelShape, plan: Plan, parts: Partitioning, o
     if stage == 0:
         # fp32 training has no wrapper (no master copy); the optimizer sees the model's own shapes
         master = FP32 * p if plan.mixed_precision else 0
-        return w * p, master + _whole_model_state_bytes(shape, optimizer)
+        return w * p, master + _whole_model_state_bytes(parts.split, optimizer)
 
     if stage < 3:
         size = parts.zero12_slice

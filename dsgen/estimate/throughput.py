@@ -13,8 +13,10 @@ from math import prod
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.estimate.model_states import parameter_shapes, parameter_tensors
+from dsgen.estimate.objectives import reference_source, sequences_per_sample
 from dsgen.estimate.optimizers import flat_state_bytes
 from dsgen.estimate.sequence_parallel_time import long_context_time
+from dsgen.estimate.trainable import parameter_split
 from dsgen.plan import Plan
 from dsgen.spec.types import Hardware, Training
 from dsgen.units import FP32
@@ -63,10 +65,11 @@ class StepTime:
     exposed_comm_s: float
     offload_s: float
     model_flops: float  # per step, all GPUs, without recompute
+    generation_s: float = 0.0  # GRPO/PPO: generating the step's completions (generation_time_s)
 
     @property
     def total_s(self) -> float:
-        return self.compute_s + self.exposed_comm_s + self.offload_s
+        return self.compute_s + self.exposed_comm_s + self.offload_s + self.generation_s
 
 
 def model_flops_per_token(shape: ModelShape, sequence_length: int) -> float:
@@ -95,10 +98,36 @@ def _collective_bandwidth(hardware: Hardware) -> float:
     return link * 1e9 * COLLECTIVE_EFFICIENCY
 
 
+def trained_parameters(shape: ModelShape, training: Training) -> int:
+    """Parameters that get gradients: the whole model in full training, else the method's."""
+    if training.finetuning.method == "full":
+        return shape.parameter_count()
+    return parameter_split(shape, training.finetuning).trainable_count
+
+
+def method_flops_factor(shape: ModelShape, training: Training) -> float:
+    """Model FLOPs of the method and objective, as a multiple of full training's on the same tokens.
+
+    A frozen weight's matmul needs no weight gradient in backward: 4 of its 6 FLOPs per parameter
+    and token remain. A paired objective runs two sequences per sample. A reference model, separate
+    or the policy with its adapter disabled, runs one forward (2 of 6) over them as well.
+    """
+    finetuning = training.finetuning
+    if finetuning.is_default:
+        return 1.0
+    frozen = 1 - trained_parameters(shape, training) / shape.parameter_count()
+    factor = 1 - frozen / 3
+    if reference_source(finetuning) in ("separate", "adapter-disabled"):
+        factor += 1 / 3
+    return factor * sequences_per_sample(finetuning.objective)
+
+
 def estimate_step_time(shape: ModelShape, plan: Plan, hardware: Hardware, training: Training) -> StepTime:
     """Predict the wall time of one optimizer step (pure function of its inputs): compute, the
     communication compute does not hide, and offload traffic, each priced by its own function."""
     flops = model_flops_per_token(shape, training.sequence_length) * tokens_per_step(plan, training)
+    flops *= method_flops_factor(shape, training)
+    trained = trained_parameters(shape, training)
     if plan.long_context.active:  # Ulysses SP, TiledMLP, checkpoint offload (sequence_parallel_time)
         long = long_context_time(
             shape,
@@ -113,13 +142,41 @@ def estimate_step_time(shape: ModelShape, plan: Plan, hardware: Hardware, traini
         compute = compute_s(shape, plan, hardware, training, flops - long.attention_model_flops, attention_apart=True)
         apart = _at_mfu_s(plan, hardware, training, long.tiled_mlp_flops) + long.attention_s
         compute += apart * _zero3_overhead(plan)
-        exposed = exposed_communication_s(shape, plan, hardware, compute) + long.exposed_comm_s
-        offload = offload_s(shape, plan, hardware, training) + long.offload_s
+        exposed = exposed_communication_s(shape, plan, hardware, compute, trained) + long.exposed_comm_s
+        offload = offload_s(shape, plan, hardware, training, trained) + long.offload_s
     else:
         compute = compute_s(shape, plan, hardware, training, flops)
-        exposed = exposed_communication_s(shape, plan, hardware, compute)
-        offload = offload_s(shape, plan, hardware, training)
-    return StepTime(compute_s=compute, exposed_comm_s=exposed, offload_s=offload, model_flops=flops)
+        exposed = exposed_communication_s(shape, plan, hardware, compute, trained)
+        offload = offload_s(shape, plan, hardware, training, trained)
+    return StepTime(
+        compute_s=compute,
+        exposed_comm_s=exposed,
+        offload_s=offload,
+        model_flops=flops,
+        generation_s=generation_time_s(shape, plan, hardware, training),
+    )
+
+
+#: The share of a GPU's memory bandwidth a decoding step reaches while it reads the weights. Not
+#: measured by dsgen: a first-order figure for bandwidth-bound batched decoding (docs/throughput-model.md).
+DECODE_BANDWIDTH_EFFICIENCY = 0.5
+
+
+def generation_time_s(shape: ModelShape, plan: Plan, hardware: Hardware, training: Training) -> float:
+    """Seconds to generate a step's completions (GRPO, PPO; 0 otherwise). Batched decoding is bound
+    by reading the weights once per generated token: each rank decodes its generation batch for
+    ``max_completion_length`` steps, every step reading the active 16-bit weights. vllm-server
+    generates on other GPUs, overlapped with training (TRL's async generation is not assumed: the
+    same bound applies)."""
+    finetuning = training.finetuning
+    if finetuning.objective not in ("grpo", "ppo"):
+        return 0.0
+    bandwidth = hardware.gpu.memory_bandwidth_gbps * 1e9 * DECODE_BANDWIDTH_EFFICIENCY
+    if bandwidth <= 0:
+        return 0.0
+    weights = plan.dtype_bytes * shape.active_parameter_count()
+    # one generation batch (micro-batch x accumulation completions per rank) per optimizer step
+    return finetuning.generation.max_completion_length * weights / bandwidth
 
 
 def _micro_batch_efficiency(plan: Plan, training: Training) -> float:
@@ -167,10 +224,13 @@ def _zero3_overhead(plan: Plan) -> float:
     return ZERO3_COMPUTE_OVERHEAD if plan.zero_stage == 3 else 1.0
 
 
-def exposed_communication_s(shape: ModelShape, plan: Plan, hardware: Hardware, compute: float) -> float:
+def exposed_communication_s(
+    shape: ModelShape, plan: Plan, hardware: Hardware, compute: float, trained: int | None = None
+) -> float:
     """Seconds of ZeRO communication per step that compute does not hide, launch latency included:
-    ``max(0, overlappable − hidden) + blocking + collectives × latency``."""
-    overlappable, blocking = communication_s(shape, plan, hardware)
+    ``max(0, overlappable − hidden) + blocking + collectives × latency``. ``trained``: the
+    parameters that get gradients (the whole model by default)."""
+    overlappable, blocking = communication_s(shape, plan, hardware, trained)
     exposed = max(0.0, overlappable - hidden_communication_s(shape, plan, compute)) + blocking
     exposed += hook_s(shape, plan)
     return exposed + collective_latency_s(shape, plan, hardware) if plan.data_parallel_size > 1 else exposed
@@ -205,10 +265,14 @@ def hook_s(shape: ModelShape, plan: Plan) -> float:
     return 0.0
 
 
-def communication_s(shape: ModelShape, plan: Plan, hardware: Hardware) -> tuple[float, float]:
-    """(overlappable, blocking) seconds of ZeRO communication per step, by stage."""
+def communication_s(
+    shape: ModelShape, plan: Plan, hardware: Hardware, trained: int | None = None
+) -> tuple[float, float]:
+    """(overlappable, blocking) seconds of ZeRO communication per step, by stage. ZeRO-0/1/2 move
+    only the ``trained`` parameters' gradients and updated weights (frozen ones are not in their
+    flat group); ZeRO-3 gathers every parameter and reduces the trained ones' gradients."""
     n = plan.data_parallel_size
-    p = shape.parameter_count()
+    p = shape.parameter_count() if trained is None else trained
     w = plan.dtype_bytes
     ring = (n - 1) / n if n > 1 else 0.0
     bandwidth = _collective_bandwidth(hardware)
@@ -218,7 +282,7 @@ def communication_s(shape: ModelShape, plan: Plan, hardware: Hardware) -> tuple[
     if plan.zero_stage == 2:
         overlappable = accum * w * p * ring / bandwidth  # reduce-scatter every micro-step
         return overlappable, w * p * ring / bandwidth  # all-gather of updated parameters after the step
-    gathers, reduce = zero3_micro_step_comm_s(shape, plan, hardware)
+    gathers, reduce = zero3_micro_step_comm_s(shape, plan, hardware, trained)
     # DeepSpeed 0.19.8 prefetches parameter all-gathers on the coordinator's own all-gather
     # stream in forward and backward whatever overlap_comm says; the gradient reduce-scatter
     # leaves the compute stream only with overlap_comm (stage3.py: reduce_and_partition_stream
@@ -257,7 +321,9 @@ def collective_latency_s(shape: ModelShape, plan: Plan, hardware: Hardware) -> f
     return collectives * latency
 
 
-def zero3_micro_step_comm_s(shape: ModelShape, plan: Plan, hardware: Hardware) -> tuple[float, float]:
+def zero3_micro_step_comm_s(
+    shape: ModelShape, plan: Plan, hardware: Hardware, trained: int | None = None
+) -> tuple[float, float]:
     """(parameter all-gathers, gradient reduce-scatter): seconds of ZeRO-3 communication per
     micro-step, the gathers of forward and backward together, with ZeRO++ where enabled.
 
@@ -282,24 +348,28 @@ def zero3_micro_step_comm_s(shape: ModelShape, plan: Plan, hardware: Hardware) -
         backward = w * p * (g - 1) / g / local
     else:
         backward = gather_bytes / wide
+    t = p if trained is None else trained
     if k.quantized_gradients:
-        reduce = w * p * (g - 1) / g / local + 0.25 * w * p * ring / wide
+        reduce = w * t * (g - 1) / g / local + 0.25 * w * t * ring / wide
     else:
-        reduce = w * p * ring / wide
+        reduce = w * t * ring / wide
     return forward + backward, reduce
 
 
-def offload_s(shape: ModelShape, plan: Plan, hardware: Hardware, training: Training) -> float:
+def offload_s(
+    shape: ModelShape, plan: Plan, hardware: Hardware, training: Training, trained: int | None = None
+) -> float:
     """Seconds of offload traffic per step: PCIe transfers, the CPU optimizer update, NVMe swaps.
 
-    Partial offload (``offload_ratio`` < 1) moves and updates only that share on the CPU.
+    Partial offload (``offload_ratio`` < 1) moves and updates only that share on the CPU; the
+    optimizer moves the ``trained`` parameters' states, parameter offload every parameter.
     """
     n = plan.data_parallel_size
     p = shape.parameter_count()
     w = plan.dtype_bytes
     accum = plan.gradient_accumulation_steps
     offload = 0.0
-    partition = p / n
+    partition = (p if trained is None else trained) / n
     pcie = hardware.gpu.pcie_bandwidth_gbps * 1e9 * PCIE_EFFICIENCY
     if plan.offload_optimizer != "none":
         share = plan.offload_ratio
@@ -310,6 +380,7 @@ def offload_s(shape: ModelShape, plan: Plan, hardware: Hardware, training: Train
             state = FP32 * partition + flat_state_bytes(training.optimizer.type, (round(partition),))
             offload += 2 * state * hardware.gpus_per_node / (hardware.nvme.bandwidth_gbps * 1e9)
     if plan.offload_param != "none":
+        partition = p / n
         fetch = accum * 2 * w * partition  # parameters brought up for forward and backward
         offload += fetch / pcie
         if plan.offload_param == "nvme" and hardware.nvme:

@@ -11,13 +11,16 @@ import contextlib
 import json
 import math
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from dsgen.catalog.gpu import GpuSpec
+from dsgen.catalog.linear_layers import linear_layer_names
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.deepspeed_release import normalize_release
 from dsgen.errors import DsgenError
+from dsgen.estimate.objectives import GENERATION_OBJECTIVES, REFERENCE_OBJECTIVES
 from dsgen.estimate.optimizers import (
     TORCH_FUSED_OPTIMIZERS,
     TORCH_OPTIMIZERS,
@@ -30,10 +33,15 @@ from dsgen.spec.overrides import apply_overrides
 from dsgen.spec.schema_errors import check_against_schema
 from dsgen.spec.types import (
     Constraints,
+    FineTuning,
+    Freeze,
+    Generation,
     Hardware,
+    Lora,
     NvmeSpec,
     Optimizer,
     Output,
+    Quantization,
     Scheduler,
     Spec,
     Training,
@@ -167,6 +175,7 @@ class _SpecBuilder:
         self.check_client_optimizer(training, constraints)
         self.check_long_context(model, hardware, training, constraints)
         self.check_liger(model, training, constraints)
+        self.check_lora_targets(model, training)
         output = Output(**_given(data.get("output", {}), "target", "path", "launcher"))
         key_lines = tuple(
             (".".join(str(part) for part in path), line)
@@ -216,8 +225,6 @@ class _SpecBuilder:
         else:
             shape = self.architecture(block["architecture"], name or "custom")
         if name and shape.name != name:
-            from dataclasses import replace
-
             shape = replace(shape, name=name)
         return shape
 
@@ -345,6 +352,7 @@ class _SpecBuilder:
             optimizer["betas"] = (float(opt["betas"][0]), float(opt["betas"][1]))
         attention = self.attention(block, gpu)
         return Training(
+            finetuning=self.finetuning(block),
             attention=attention,
             deepspeed_version=self.deepspeed_version(block),
             optimizer=Optimizer(**optimizer),
@@ -362,6 +370,122 @@ class _SpecBuilder:
                 floats=("gradient_clipping",),
             ),
         )
+
+    def finetuning(self, block: dict[str, Any]) -> FineTuning:
+        """The method, its adapters, quantization or frozen part, the objective and its reference
+        model and generation; a block that belongs to another method or objective is refused, so a
+        spec never says something dsgen silently ignores."""
+        method = block.get("finetuning", FineTuning.method)
+        objective = block.get("objective", FineTuning.objective)
+        owners = {"lora": ("lora", "qlora"), "quantization": ("qlora",), "freeze": ("freeze",)}
+        for key, methods in owners.items():
+            if key in block and method not in methods:
+                raise self.fail(
+                    ("training", key),
+                    f"training.{key} applies to finetuning {' or '.join(methods)}, not {method}",
+                    hint=f"set training.finetuning: {methods[0]}, or remove training.{key}",
+                )
+        if "generation" in block and objective not in GENERATION_OBJECTIVES:
+            raise self.fail(
+                ("training", "generation"),
+                f"training.generation applies to objective grpo or ppo, not {objective}",
+                hint="set training.objective: grpo, or remove training.generation",
+            )
+        lora_block = block.get("lora", {})
+        lora = Lora(**_given(lora_block, "rank", "alpha", "dropout", floats=("alpha", "dropout")))
+        if isinstance(lora_block.get("target_modules"), list):
+            lora = replace(lora, target_modules=tuple(lora_block["target_modules"]))
+        elif "target_modules" in lora_block:
+            lora = replace(lora, target_modules=lora_block["target_modules"])
+        quantization = Quantization(
+            **_given(block.get("quantization", {}), "bits", "type", "double_quant", "block_size")
+        )
+        bits_of_type = {"nf4": 4, "fp4": 4, "gptq": 4, "awq": 4, "int8": 8}
+        if quantization.bits != bits_of_type[quantization.type]:
+            raise self.fail(
+                ("training", "quantization", "bits"),
+                f"quantization type {quantization.type} stores {bits_of_type[quantization.type]}-bit weights, "
+                f"not {quantization.bits}-bit",
+                hint=f"set bits: {bits_of_type[quantization.type]}",
+            )
+        freeze_block = block.get("freeze", {})
+        freeze = Freeze(**_given(freeze_block, "trainable_layers"))
+        if "trainable" in freeze_block:
+            freeze = replace(freeze, trainable=tuple(freeze_block["trainable"]))
+        generation = Generation(
+            **_given(
+                block.get("generation", {}),
+                "num_generations",
+                "max_prompt_length",
+                "max_completion_length",
+                "engine",
+                "vllm_gpu_memory_utilization",
+                "vllm_gpus",
+                floats=("vllm_gpu_memory_utilization",),
+            )
+        )
+        finetuning = FineTuning(
+            method=method,
+            lora=lora,
+            quantization=quantization,
+            freeze=freeze,
+            objective=objective,
+            reference_model=block.get("reference_model", FineTuning.reference_model),
+            generation=generation,
+        )
+        self.check_reference_model(finetuning)
+        if objective in GENERATION_OBJECTIVES and block["sequence_length"] != generation.sequence_length:
+            raise self.fail(
+                ("training", "sequence_length"),
+                f"objective {objective} trains on prompt + completion: sequence_length {block['sequence_length']} "
+                f"is not max_prompt_length + max_completion_length = {generation.sequence_length}",
+                hint=f"set training.sequence_length: {generation.sequence_length}",
+            )
+        batch = block.get("global_batch_size")
+        if objective in GENERATION_OBJECTIVES and batch is not None and batch % generation.num_generations:
+            # TRL's GRPOConfig.__post_init__ raises unless the generation batch holds whole groups
+            raise self.fail(
+                ("training", "generation", "num_generations"),
+                f"num_generations {generation.num_generations} does not divide global_batch_size {batch}: "
+                "every prompt's completions must fall in one generation batch",
+                hint="make global_batch_size a multiple of num_generations",
+            )
+        return finetuning
+
+    def check_lora_targets(self, model: ModelShape, training: Training) -> None:
+        """LoRA target names must name linear layers of this model's decoder (PEFT raises when a
+        target matches no module: ``tuners_utils.py``, ``inject_adapter``)."""
+        targets = training.finetuning.lora.target_modules
+        if not training.finetuning.adapters or isinstance(targets, str):
+            return
+        names = linear_layer_names(model)
+        known = set(names) | {name.split(".")[-1] for name in names}
+        unknown = [name for name in targets if name not in known]
+        if unknown:
+            raise self.fail(
+                ("training", "lora", "target_modules"),
+                f"{', '.join(unknown)}: no linear layer of {model.name}'s decoder has that name",
+                hint=f"this model's linear layers: {', '.join(names)}",
+            )
+
+    def check_reference_model(self, finetuning: FineTuning) -> None:
+        """A reference model only where the objective reads one, and an adapter to disable only
+        under LoRA or QLoRA (TRL's trainers raise or ignore it otherwise)."""
+        chosen = finetuning.reference_model
+        path = ("training", "reference_model")
+        if chosen == "adapter-disabled" and not finetuning.adapters:
+            raise self.fail(
+                path,
+                f"reference_model adapter-disabled needs a LoRA or QLoRA policy (finetuning is {finetuning.method})",
+                hint="use reference_model: separate or precomputed",
+            )
+        uses_one = finetuning.objective in REFERENCE_OBJECTIVES or finetuning.objective == "grpo"
+        if chosen not in ("auto", "none") and not uses_one:
+            raise self.fail(
+                path,
+                f"objective {finetuning.objective} uses no reference model",
+                hint="remove training.reference_model (or set it to none)",
+            )
 
     def deepspeed_version(self, block: dict[str, Any]) -> str:
         """The release, ``0.X.Y`` (:func:`dsgen.deepspeed_release.normalize_release`); YAML reads an

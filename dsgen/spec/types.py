@@ -15,7 +15,17 @@ from dsgen.errors import Location
 from dsgen.spec.defaults import spec_default
 from dsgen.spec.yaml_source import locate
 from dsgen.units import GIB
-from dsgen.vocabulary import Checkpointing, OffloadDevice, Precision, PrecisionChoice
+from dsgen.vocabulary import (
+    Checkpointing,
+    FineTuningMethod,
+    GenerationEngine,
+    Objective,
+    OffloadDevice,
+    Precision,
+    PrecisionChoice,
+    QuantizationType,
+    ReferenceModel,
+)
 
 
 @dataclass(frozen=True)
@@ -78,6 +88,74 @@ class Scheduler:
 
 
 @dataclass(frozen=True)
+class Lora:
+    """PEFT's LoraConfig as the spec writes it: which linear layers get adapters, and their rank."""
+
+    rank: int = spec_default("training.lora.rank")
+    alpha: float = spec_default("training.lora.alpha")
+    dropout: float = spec_default("training.lora.dropout")
+    target_modules: str | tuple[str, ...] = spec_default("training.lora.target_modules")  # a keyword or names
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """How QLoRA stores the frozen linear layers (bitsandbytes, or a GPTQ/AWQ checkpoint)."""
+
+    bits: int = spec_default("training.quantization.bits")
+    type: QuantizationType = spec_default("training.quantization.type")
+    double_quant: bool = spec_default("training.quantization.double_quant")
+    block_size: int = spec_default("training.quantization.block_size")
+
+
+@dataclass(frozen=True)
+class Freeze:
+    """Freeze-tuning: the last ``trainable_layers`` decoder layers and the named modules train."""
+
+    trainable_layers: int = spec_default("training.freeze.trainable_layers")
+    trainable: tuple[str, ...] = tuple(spec_default("training.freeze.trainable"))
+
+
+@dataclass(frozen=True)
+class Generation:
+    """GRPO/PPO generation: completions per prompt, their lengths and who generates them."""
+
+    num_generations: int = spec_default("training.generation.num_generations")
+    max_prompt_length: int = spec_default("training.generation.max_prompt_length")
+    max_completion_length: int = spec_default("training.generation.max_completion_length")
+    engine: GenerationEngine = spec_default("training.generation.engine")
+    vllm_gpu_memory_utilization: float = spec_default("training.generation.vllm_gpu_memory_utilization")
+    vllm_gpus: int = spec_default("training.generation.vllm_gpus")
+
+    @property
+    def sequence_length(self) -> int:
+        """Tokens of one completion's training sequence: its prompt and what was generated."""
+        return self.max_prompt_length + self.max_completion_length
+
+
+@dataclass(frozen=True)
+class FineTuning:
+    """What trains and against what: the method, its adapters or quantization or frozen part, the
+    objective and where its reference log-probabilities come from. The default is full training
+    with the next-token loss, the one kind of run dsgen priced before (nothing about it changes)."""
+
+    method: FineTuningMethod = spec_default("training.finetuning")
+    lora: Lora = Lora()
+    quantization: Quantization = Quantization()
+    freeze: Freeze = Freeze()
+    objective: Objective = spec_default("training.objective")
+    reference_model: ReferenceModel = spec_default("training.reference_model")
+    generation: Generation = Generation()
+
+    @property
+    def adapters(self) -> bool:
+        return self.method in ("lora", "qlora")
+
+    @property
+    def is_default(self) -> bool:
+        return self == FineTuning()
+
+
+@dataclass(frozen=True)
 class Training:
     """What one optimizer step is: sequence length, batch, precision, attention kernel, optimizer."""
 
@@ -93,6 +171,7 @@ class Training:
     mfu: float | None = None
     optimizer: Optimizer = Optimizer()
     scheduler: Scheduler = Scheduler()
+    finetuning: FineTuning = FineTuning()
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from dsgen.targets import (
     TARGETS,
 )
 from dsgen.targets.context import target_context
+from dsgen.targets.finetuning_files import FINETUNING_FILES, finetuning_files
 from dsgen.targets.kubernetes import KUBERNETES_LAUNCHERS, kubernetes_files
 from dsgen.targets.requests import ResourceRequest, resource_request
 
@@ -49,7 +50,7 @@ class Bundle:
     @property
     def launch_files(self) -> tuple[str, ...]:
         """The files that start the run (launch.sh, hostfile, the Kubernetes manifests)."""
-        own = {CONFIG_FILE, FRAMEWORK_FILE.get(self.target)}
+        own = {CONFIG_FILE, FRAMEWORK_FILE.get(self.target), *FINETUNING_FILES}
         return tuple(name for name in self.files if name not in own)
 
     @property
@@ -112,6 +113,8 @@ def render_bundle(
         else:
             _parse_yaml(text, name)
             files[framework] = text
+    if target == "hf-trainer":  # PEFT's, bitsandbytes' and TRL's arguments for a fine-tuning run
+        files.update({name: json.dumps(value, indent=2) + "\n" for name, value in finetuning_files(spec, plan).items()})
     if launcher != "none" and launcher not in KUBERNETES_LAUNCHERS:
         files[LAUNCH_FILE] = render_template(f"launch/{launcher}.sh.j2", context, template_dir)
     if context["files"]["hostfile"]:

@@ -29,6 +29,7 @@ from dsgen.deepspeed_blocks import COSINE_MIN_RATIO, optimizer_block, scheduler_
 from dsgen.estimate.optimizers import CLIENT_IMPLEMENTATIONS, client_optimizer_call, is_client_optimizer
 from dsgen.plan import Plan
 from dsgen.spec.types import Spec
+from dsgen.targets.finetuning_files import finetuning_notes
 from dsgen.targets.long_context import attention_note, check_target, liger_note, long_context_notes
 
 #: TrainingArguments ``optim`` for the optimizers the training script builds itself.
@@ -235,6 +236,7 @@ def script_notes(spec: Spec, plan: Plan, target: str, optimizer: dict[str, Any])
         s = spec.training.scheduler
         notes.append(f"build the {s.type} schedule (warmup {s.warmup_steps} of {s.total_steps} steps) in the script")
     notes.extend(long_context_notes(spec, plan, target))  # Ulysses SP, TiledMLP, tiled loss, checkpoint offload
+    notes.extend(finetuning_notes(spec, plan, target))  # PEFT, quantization, TRL
     if target == "accelerate" and optimizer["type"] is not None:
         # the config has DeepSpeed's scheduler exactly when the spec named one (scheduler_for)
         dummies = "DummyOptim and DummyScheduler" if named(spec, "training.scheduler") else "DummyOptim"
