@@ -149,15 +149,59 @@ def targeted_layers(shape: ModelShape, lora: Lora) -> tuple[LinearLayer, ...]:
     return tuple(layer for layer in layers if layer.name in names or layer.name.split(".")[-1] in names)
 
 
+#: MoE families whose transformers-5 experts and router PEFT still targets by their old module
+#: names (``peft/utils/transformers_weight_conversion.py``: ``_MODEL_TO_CONVERSION_PATTERN``,
+#: ``_MOE_TARGET_MODULE_MAPPING``, ``_MOE_FUSED_TARGETS``): (router, the two fused names, down).
+#: ``all-linear`` names all of them; a list names them one by one.
+PEFT_MOE_NAMES: dict[str, tuple[str, tuple[str, str], str]] = {
+    "mixtral": ("gate", ("w1", "w3"), "w2"),
+    **dict.fromkeys(
+        ("qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3", "glm4_moe"),
+        ("gate", ("gate_proj", "up_proj"), "down_proj"),
+    ),
+}
+
+
 @lru_cache(maxsize=256)
 def lora_adapter_shapes(shape: ModelShape, lora: Lora) -> tuple[Shape, ...]:
     """The adapters PEFT adds: for each targeted linear layer of fan-in i and fan-out o,
-    ``lora_A`` (r, i) and ``lora_B`` (o, r) (``peft/tuners/lora/layer.py``, ``update_layer``)."""
+    ``lora_A`` (r, i) and ``lora_B`` (o, r) (``peft/tuners/lora/layer.py``, ``update_layer``),
+    and the routers and stacked experts of :data:`PEFT_MOE_NAMES` families (:func:`_moe_adapter_shapes`)."""
     r = lora.rank
+    # PEFT's MoE conversion takes the expert names off the module targets: a dense layer's or shared
+    # expert's linear layer of that name is not adapted (``_convert_peft_config_moe``)
+    converted = PEFT_MOE_NAMES.get(shape.family) if shape.moe_layers else None
+    taken = {converted[0], *converted[1], converted[2]} if converted else set()
     shapes: list[Shape] = []
     for layer in targeted_layers(shape, lora):
-        shapes += [(r, layer.fan_in), (layer.fan_out, r)] * layer.layers
-    return tuple(shapes)
+        if layer.name not in taken:
+            shapes += [(r, layer.fan_in), (layer.fan_out, r)] * layer.layers
+    return tuple(shapes) + _moe_adapter_shapes(shape, lora)
+
+
+def _moe_adapter_shapes(shape: ModelShape, lora: Lora) -> tuple[Shape, ...]:
+    """PEFT's adapters on an MoE layer's router and stacked experts (``lora.ParamWrapper``): the
+    router's weight (E, h) as a linear layer; each stacked expert tensor (E, o, i) with
+    ``lora_A`` (E·r, i) and ``lora_B`` (o, E·r), the fused gate/up tensor at rank 2r (its
+    ``rank_pattern``: the two projections it fuses keep r each)."""
+    names = PEFT_MOE_NAMES.get(shape.family)
+    if names is None or not shape.moe_layers:
+        return ()
+    router, fused, down = names
+    targets = lora.target_modules
+    if targets == "attention":
+        return ()
+    wanted = set(targets) if not isinstance(targets, str) else {router, *fused, down}
+    r, e, h, f = lora.rank, shape.num_experts, shape.hidden_size, shape.expert_intermediate_size
+    layer: list[Shape] = []
+    if router in wanted:
+        layer += [(r, h), (e, r)]
+    if set(fused) <= wanted:
+        rank = 2 * r if shape.gated_mlp else r
+        layer += [(e * rank, h), ((2 if shape.gated_mlp else 1) * f, e * rank)]
+    if down in wanted:
+        layer += [(e * r, f), (h, e * r)]
+    return tuple(layer * shape.moe_layers)
 
 
 def _freeze_trainable(shape: ModelShape, layers: int, modules: tuple[str, ...]) -> tuple[Shape, ...]:
