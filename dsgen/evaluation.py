@@ -131,6 +131,12 @@ class Evaluation:
         problems = [self.kernel_limit] if self.kernel_limit is not None else []
         if not self.fits_gpu:
             problems.append(f"needs {gib(self.memory.gpu.total)} per GPU, {gib(self.usable_gpu_bytes)} usable")
+            frozen = self.memory.gpu.frozen_parameters
+            if frozen > self.usable_gpu_bytes / 2:
+                where = "whole on every GPU under ZeRO-0/1/2" if self.plan.zero_stage < 3 else "ZeRO-3's share"
+                problems.append(f"the frozen weights alone take {gib(frozen)} ({where})")
+            if self.memory.gpu.reference_model > self.usable_gpu_bytes / 4:
+                problems.append(f"the reference model takes {gib(self.memory.gpu.reference_model)}")
         if not self.fits_cpu:
             problems.append(
                 f"needs {gib(self.memory.cpu.total)} host RAM per node {self.memory.cpu.peak_phase}, "

@@ -130,6 +130,10 @@ def _base_structures(spec: Spec) -> Iterator[_Structure]:
         else:
             optimizer_offloads = [c.offload_optimizer] if c.offload_optimizer in optimizer_targets else []
         param_offloads: list[OffloadDevice] = _choices(c.offload_param, offload_targets) if stage == 3 else ["none"]
+        if spec.training.finetuning.method == "qlora" and c.offload_param is None:
+            # PEFT's DeepSpeed guide: ZeRO-3 with QLoRA and CPU offload uses more GPU memory than
+            # without; dsgen does not propose it (a pinned offload is priced as asked)
+            param_offloads = ["none"]
         for offload_optimizer in optimizer_offloads:
             for offload_param in param_offloads:
                 if offload_param != "none" and offload_optimizer == "none" and c.offload_optimizer is None:
