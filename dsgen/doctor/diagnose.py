@@ -39,6 +39,8 @@ from dsgen.validate import Report, validate_config
 from dsgen.verdict import SAFE_LINE, FitVerdict, invalid
 from dsgen.vocabulary import Checkpointing, StepPhase
 
+# what every phase holds beside the trained model states (fine-tuning and objectives; 0 otherwise)
+HELD_BESIDE = ("frozen_parameters", "reference_model", "value_model", "vllm_reserved")
 PHASE_TERMS = {
     "forward_backward": (
         "parameters",
@@ -48,6 +50,7 @@ PHASE_TERMS = {
         "buffers",
         "transient",
         "overhead",
+        *HELD_BESIDE,
     ),
     "optimizer_step": (
         "parameters",
@@ -56,6 +59,16 @@ PHASE_TERMS = {
         "step_buffers",
         "step_temporary",
         "step_overhead",
+        *HELD_BESIDE,
+    ),
+    "generation": (
+        "parameters",
+        "optimizer_states",
+        "step_buffers",
+        "step_overhead",
+        "generation",
+        "generation_gather",
+        *HELD_BESIDE,
     ),
 }
 TERM_NAMES = {
@@ -208,7 +221,9 @@ def _dominant(evaluation: Evaluation) -> Dominant:
     phase = gpu.peak_phase
     terms = phase_terms(gpu, phase)
     name = max(terms, key=lambda t: terms[t])
-    total = gpu.forward_backward if phase == "forward_backward" else gpu.optimizer_step
+    total = {"forward_backward": gpu.forward_backward, "optimizer_step": gpu.optimizer_step}.get(
+        phase, gpu.generation_phase
+    )
     return Dominant(phase, name, terms[name], terms[name] / total if total else 0.0)
 
 
