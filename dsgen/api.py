@@ -125,29 +125,39 @@ def doctor(
     training_args: str | Path | dict[str, Any] | None = None,
     error: str | None = None,
     deepspeed_version: str | None = None,
+    peft: str | Path | None = None,
 ) -> Diagnosis:
     """Size an existing DeepSpeed config on the spec's cluster (``dsgen doctor``): verdict,
     memory per phase, findings and ranked fixes. Paths are read here; bad input raises DsgenError.
     ``deepspeed_version`` replaces the spec's ``training.deepspeed_version``: the release the
-    config is checked and priced against."""
+    config is checked and priced against. ``peft`` (an ``adapter_config.json``) and a TRL config
+    in ``training_args`` state the method and objective, which override the spec's
+    (:mod:`dsgen.doctor.method_files`)."""
     from dataclasses import replace
 
     from dsgen.doctor.auto_values import load_training_args
     from dsgen.doctor.diagnose import diagnose
+    from dsgen.doctor.method_files import peft_overrides, trl_overrides
     from dsgen.spec.types import Spec
     from dsgen.validate import loader
 
     data = config if isinstance(config, dict) else loader.load(config).data
     release = None if deepspeed_version is None else _release_name(deepspeed_version)
+    args = (
+        training_args if isinstance(training_args, dict) or training_args is None else load_training_args(training_args)
+    )
     if isinstance(spec, Spec):
         loaded_spec = (
             spec if release is None else replace(spec, training=replace(spec.training, deepspeed_version=release))
         )
     else:  # through the loader, so its rules for the release hold (no ALST before 0.17.4)
-        loaded_spec = load_spec(spec, [] if release is None else [f'training.deepspeed_version="{release}"'])
-    args = (
-        training_args if isinstance(training_args, dict) or training_args is None else load_training_args(training_args)
-    )
+        overrides = [] if release is None else [f'training.deepspeed_version="{release}"']
+        loaded_spec = load_spec(spec, overrides)
+        method = trl_overrides(args or {})
+        if peft is not None:
+            method += peft_overrides(peft, loaded_spec.training.finetuning.method)
+        if method:  # what the run's own files say about the method and objective wins
+            loaded_spec = load_spec(spec, [*overrides, *method])
     return diagnose(data, loaded_spec, world_size=world_size, trainer_args=args, error_text=error)
 
 

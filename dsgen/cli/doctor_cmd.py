@@ -42,6 +42,10 @@ def doctor(
     error: Annotated[
         str | None, typer.Option("--error", help="A PyTorch CUDA out-of-memory message to explain.", metavar="MESSAGE")
     ] = None,
+    peft: Annotated[
+        Path | None,
+        typer.Option("--peft", help="PEFT's adapter_config.json: the LoRA adapters the run trains.", metavar="PATH"),
+    ] = None,
     deepspeed_version: Annotated[
         str | None,
         typer.Option(
@@ -71,6 +75,7 @@ def doctor(
         training_args=training_args,
         error=error,
         deepspeed_version=deepspeed_version,
+        peft=peft,
     )
     code = diagnosis.exit_code
     written = None

@@ -8,6 +8,7 @@ from typing import Any
 from dsgen.doctor.diagnose import HELD_BESIDE, Diagnosis, phase_terms
 from dsgen.doctor.fixes import current_value
 from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
+from dsgen.method_summary import method_line
 from dsgen.plan import plan_dict
 from dsgen.report import GPU_TERMS, PHASE_LABELS, host_lines, memory_dict
 from dsgen.units import gib
@@ -122,6 +123,7 @@ def human(d: Diagnosis) -> str:
     e = d.evaluation
     if e is not None:
         p = e.plan
+        lines.extend(filter(None, [method_line(spec, e)]))
         lines.append(f"config    {p.describe()}")
         lines.append(
             f"batch     {p.global_batch_size} = micro {p.micro_batch_size} x accumulation {p.gradient_accumulation_steps} x data-parallel {p.data_parallel_size}"

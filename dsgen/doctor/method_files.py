@@ -1,0 +1,109 @@
+"""The fine-tuning method and objective a run's own files state, as spec overrides.
+
+PEFT's ``adapter_config.json`` says the adapters (``LoraConfig.to_dict``: ``peft_type``, ``r``,
+``lora_alpha``, ``lora_dropout``, ``target_modules``) and TRL's config, passed as
+``--training-args``, says the objective by the fields only its class has. Reading them is one step
+before pricing: the doctor loads the spec with these ``--set`` overrides, so what the files say
+wins over the spec and every later stage sees one spec.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from dsgen.errors import DsgenError
+
+#: A field only one TRL config class has, and the objective it names (TRL 1.16's config classes:
+#: GRPOConfig, KTOConfig, CPOConfig, RewardConfig, ORPOConfig, DPOConfig), checked in this order.
+TRL_OBJECTIVE_FIELDS: tuple[tuple[str, str], ...] = (
+    ("num_generations", "grpo"),
+    ("desirable_weight", "kto"),
+    ("cpo_alpha", "simpo"),
+    ("simpo_gamma", "simpo"),
+    ("center_rewards_coefficient", "reward"),
+    ("precompute_ref_log_probs", "dpo"),
+)
+
+
+def _read_json(file: Path, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise DsgenError(f"cannot read {what} {file}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise DsgenError(f"{file}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
+    if not isinstance(data, dict):
+        raise DsgenError(f"{file}: {what} must be a JSON object")
+    return data
+
+
+def _number(data: dict[str, Any], key: str, file: Path, low: float, high: float | None = None) -> float | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or value < low
+        or (high is not None and value >= high)
+    ):
+        bound = f"at least {low}" + (f" and below {high}" if high is not None else "")
+        raise DsgenError(f"{file}: {key} must be a number {bound}, got {value!r}")
+    return float(value)
+
+
+def peft_overrides(path: str | Path, spec_method: str) -> list[str]:
+    """``--set`` overrides for the LoRA adapters an ``adapter_config.json`` describes. The method
+    stays ``qlora`` when the spec says so (the file does not record the base model's quantization)."""
+    file = Path(path)
+    data = _read_json(file, "PEFT adapter config")
+    kind = data.get("peft_type")
+    if kind != "LORA":
+        raise DsgenError(f"{file}: peft_type {kind!r}: dsgen prices LoRA adapters (peft_type LORA)")
+    rank = data.get("r")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise DsgenError(f"{file}: r must be a positive integer, got {rank!r}")
+    overrides = [f"training.finetuning={'qlora' if spec_method == 'qlora' else 'lora'}", f"training.lora.rank={rank}"]
+    alpha = _number(data, "lora_alpha", file, 0)
+    if alpha is not None:
+        overrides.append(f"training.lora.alpha={alpha}")
+    dropout = _number(data, "lora_dropout", file, 0, 1)
+    if dropout is not None:
+        overrides.append(f"training.lora.dropout={dropout}")
+    targets = data.get("target_modules")
+    if isinstance(targets, list) and targets and all(isinstance(t, str) for t in targets):
+        overrides.append(f"training.lora.target_modules={json.dumps(sorted(targets))}")
+    elif isinstance(targets, str) and targets in ("all-linear",):
+        overrides.append("training.lora.target_modules=all-linear")
+    elif targets is not None:
+        raise DsgenError(
+            f"{file}: target_modules {targets!r}: dsgen reads a list of module names or 'all-linear'",
+            hint="write the module names the regular expression matches, e.g. [q_proj, v_proj]",
+        )
+    return overrides
+
+
+def trl_overrides(args: dict[str, Any]) -> list[str]:
+    """``--set`` overrides for the objective a TRL config states (none for plain TrainingArguments)."""
+    objective = next((name for key, name in TRL_OBJECTIVE_FIELDS if key in args), None)
+    if objective is None:
+        return []
+    overrides = [f"training.objective={objective}"]
+    if objective in ("dpo", "kto") and args.get("precompute_ref_log_probs") is True:
+        overrides.append("training.reference_model=precomputed")
+    if objective == "grpo":
+        generations = args.get("num_generations")
+        if isinstance(generations, int) and not isinstance(generations, bool) and generations >= 1:
+            overrides.append(f"training.generation.num_generations={generations}")
+        completion = args.get("max_completion_length")
+        if isinstance(completion, int) and not isinstance(completion, bool) and completion >= 1:
+            overrides.append(f"training.generation.max_completion_length={completion}")
+        if args.get("use_vllm") is True:
+            mode = args.get("vllm_mode", "colocate")
+            overrides.append(f"training.generation.engine={'vllm-colocate' if mode == 'colocate' else 'vllm-server'}")
+            share = args.get("vllm_gpu_memory_utilization")
+            if isinstance(share, (int, float)) and not isinstance(share, bool):
+                overrides.append(f"training.generation.vllm_gpu_memory_utilization={share}")
+    return overrides

@@ -1,0 +1,78 @@
+"""The doctor reads the method and objective from the run's own files: PEFT's adapter_config.json
+(written here by PEFT itself, ``LoraConfig.save_pretrained``) and a TRL config passed as training
+arguments (written by TRL itself, ``to_dict``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import EXAMPLES_DIR, require_module
+
+from dsgen.api import doctor
+from dsgen.errors import DsgenError
+from dsgen.estimate.objectives import reference_source
+
+SPEC = EXAMPLES_DIR / "llama-3.1-8b-8xh100.yaml"
+CONFIG = {
+    "train_micro_batch_size_per_gpu": 1,
+    "gradient_accumulation_steps": 4,
+    "bf16": {"enabled": True},
+    "zero_optimization": {"stage": 3},
+}
+
+
+def test_peft_adapter_config_sets_the_adapters(tmp_path: Path) -> None:
+    peft = require_module("peft")
+    config = peft.LoraConfig(
+        r=32, lora_alpha=64, lora_dropout=0.1, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"
+    )
+    config.save_pretrained(str(tmp_path))
+    diagnosis = doctor(CONFIG, SPEC, peft=tmp_path / "adapter_config.json")
+    finetuning = diagnosis.spec.training.finetuning
+    assert (finetuning.method, finetuning.lora.rank, finetuning.lora.alpha, finetuning.lora.dropout) == (
+        "lora",
+        32,
+        64.0,
+        0.1,
+    )
+    assert set(finetuning.lora.target_modules) == {"q_proj", "v_proj"}
+    assert diagnosis.evaluation is not None and diagnosis.evaluation.memory.gpu.frozen_parameters > 0
+
+
+@pytest.mark.parametrize(
+    ("config_class", "kwargs", "objective"),
+    [
+        ("DPOConfig", {"precompute_ref_log_probs": True}, "dpo"),
+        ("KTOConfig", {}, "kto"),
+        ("RewardConfig", {}, "reward"),
+    ],
+)
+def test_a_trl_config_sets_the_objective(
+    config_class: str, kwargs: dict[str, object], objective: str, tmp_path: Path
+) -> None:
+    trl = require_module("trl")
+    args = getattr(trl, config_class)(output_dir=str(tmp_path), use_cpu=True, report_to="none", **kwargs).to_dict()
+    diagnosis = doctor(CONFIG, SPEC, training_args=json.loads(json.dumps(args, default=str)))
+    finetuning = diagnosis.spec.training.finetuning
+    assert finetuning.objective == objective
+    if config_class == "DPOConfig":
+        assert reference_source(finetuning) == "precomputed"
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        ({"peft_type": "PREFIX_TUNING", "r": 8}, "peft_type"),
+        ({"peft_type": "LORA", "r": 0}, "r must be a positive integer"),
+        ({"peft_type": "LORA", "r": 8, "lora_dropout": 1.5}, "lora_dropout"),
+        ({"peft_type": "LORA", "r": 8, "target_modules": ".*proj"}, "target_modules"),
+    ],
+)
+def test_a_bad_adapter_config_names_the_field(content: dict[str, object], words: str, tmp_path: Path) -> None:
+    path = tmp_path / "adapter_config.json"
+    path.write_text(json.dumps(content))
+    with pytest.raises(DsgenError, match=words) as caught:
+        doctor(CONFIG, SPEC, peft=path)
+    assert str(path) in str(caught.value)
