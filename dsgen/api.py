@@ -126,18 +126,20 @@ def doctor(
     error: str | None = None,
     deepspeed_version: str | None = None,
     peft: str | Path | None = None,
+    llamafactory: str | Path | None = None,
 ) -> Diagnosis:
     """Size an existing DeepSpeed config on the spec's cluster (``dsgen doctor``): verdict,
     memory per phase, findings and ranked fixes. Paths are read here; bad input raises DsgenError.
     ``deepspeed_version`` replaces the spec's ``training.deepspeed_version``: the release the
-    config is checked and priced against. ``peft`` (an ``adapter_config.json``) and a TRL config
-    in ``training_args`` state the method and objective, which override the spec's
+    config is checked and priced against. ``peft`` (an ``adapter_config.json``), a TRL config
+    in ``training_args`` and a LLaMA-Factory training YAML (``llamafactory``, which also gives the
+    Trainer's batch and sequence) state the method and objective, which override the spec's
     (:mod:`dsgen.doctor.method_files`)."""
     from dataclasses import replace
 
     from dsgen.doctor.auto_values import load_training_args
     from dsgen.doctor.diagnose import diagnose
-    from dsgen.doctor.method_files import peft_overrides, trl_overrides
+    from dsgen.doctor.method_files import llamafactory_inputs, peft_overrides, trl_overrides
     from dsgen.spec.types import Spec
     from dsgen.validate import loader
 
@@ -146,6 +148,10 @@ def doctor(
     args = (
         training_args if isinstance(training_args, dict) or training_args is None else load_training_args(training_args)
     )
+    factory: list[str] = []
+    if llamafactory is not None:
+        factory, factory_args = llamafactory_inputs(llamafactory)
+        args = {**factory_args, **(args or {})}
     if isinstance(spec, Spec):
         loaded_spec = (
             spec if release is None else replace(spec, training=replace(spec.training, deepspeed_version=release))
@@ -153,7 +159,7 @@ def doctor(
     else:  # through the loader, so its rules for the release hold (no ALST before 0.17.4)
         overrides = [] if release is None else [f'training.deepspeed_version="{release}"']
         loaded_spec = load_spec(spec, overrides)
-        method = trl_overrides(args or {})
+        method = [*factory, *trl_overrides(args or {})]
         if peft is not None:
             method += peft_overrides(peft, loaded_spec.training.finetuning.method)
         if method:  # what the run's own files say about the method and objective wins

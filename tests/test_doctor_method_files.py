@@ -76,3 +76,58 @@ def test_a_bad_adapter_config_names_the_field(content: dict[str, object], words:
     with pytest.raises(DsgenError, match=words) as caught:
         doctor(CONFIG, SPEC, peft=path)
     assert str(path) in str(caught.value)
+
+
+LLAMAFACTORY = """\
+### method
+stage: dpo
+finetuning_type: lora
+lora_rank: 16
+lora_target: q_proj,v_proj
+quantization_bit: 4
+pref_loss: sigmoid
+### dataset
+cutoff_len: 1024
+### train
+per_device_train_batch_size: 2
+gradient_accumulation_steps: 4
+bf16: true
+"""
+AUTO_CONFIG = {
+    "train_batch_size": "auto",
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto",
+    "bf16": {"enabled": "auto"},
+    "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto"},
+}
+
+
+def test_a_llamafactory_yaml_gives_the_method_objective_batch_and_sequence(tmp_path: Path) -> None:
+    path = tmp_path / "train_qlora_dpo.yaml"
+    path.write_text(LLAMAFACTORY)
+    diagnosis = doctor(AUTO_CONFIG, SPEC, llamafactory=path)
+    finetuning = diagnosis.spec.training.finetuning
+    assert (finetuning.method, finetuning.objective, finetuning.lora.rank) == ("qlora", "dpo", 16)
+    assert finetuning.lora.alpha == 32  # LLaMA-Factory's default: twice the rank
+    assert set(finetuning.lora.target_modules) == {"q_proj", "v_proj"}
+    assert reference_source(finetuning) == "adapter-disabled"
+    assert diagnosis.evaluation is not None
+    plan = diagnosis.evaluation.plan
+    assert (plan.micro_batch_size, plan.gradient_accumulation_steps) == (2, 4)  # "auto" resolved as the Trainer does
+    assert diagnosis.evaluation.sequence_length == 1024
+
+
+@pytest.mark.parametrize(
+    ("replaced", "key", "line"),
+    [
+        ("stage: dpo", "stage: grpo", 2),
+        ("quantization_bit: 4", "quantization_bit: 3", 6),
+        ("lora_rank: 16", "lora_rank: zero", 4),
+    ],
+)
+def test_a_bad_llamafactory_field_names_the_field_and_line(replaced: str, key: str, line: int, tmp_path: Path) -> None:
+    path = tmp_path / "train.yaml"
+    path.write_text(LLAMAFACTORY.replace(replaced, key))
+    with pytest.raises(DsgenError) as caught:
+        doctor(AUTO_CONFIG, SPEC, llamafactory=path)
+    assert f"{path}:{line}:" in str(caught.value) and key.split(":")[0] in str(caught.value)

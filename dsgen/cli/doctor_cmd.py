@@ -46,6 +46,14 @@ def doctor(
         Path | None,
         typer.Option("--peft", help="PEFT's adapter_config.json: the LoRA adapters the run trains.", metavar="PATH"),
     ] = None,
+    llamafactory: Annotated[
+        Path | None,
+        typer.Option(
+            "--llamafactory",
+            help="LLaMA-Factory's training YAML: stage, method, batch and cutoff_len.",
+            metavar="PATH",
+        ),
+    ] = None,
     deepspeed_version: Annotated[
         str | None,
         typer.Option(
@@ -76,6 +84,7 @@ def doctor(
         error=error,
         deepspeed_version=deepspeed_version,
         peft=peft,
+        llamafactory=llamafactory,
     )
     code = diagnosis.exit_code
     written = None

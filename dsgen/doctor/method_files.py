@@ -107,3 +107,84 @@ def trl_overrides(args: dict[str, Any]) -> list[str]:
             if isinstance(share, (int, float)) and not isinstance(share, bool):
                 overrides.append(f"training.generation.vllm_gpu_memory_utilization={share}")
     return overrides
+
+
+#: LLaMA-Factory's ``stage`` and the objective it trains (``src/llamafactory/train/tuner.py``);
+#: ``pt`` is next-token training like ``sft``. A ``dpo`` stage's ``pref_loss`` picks ORPO or SimPO.
+LLAMAFACTORY_STAGES = {"pt": "sft", "sft": "sft", "dpo": "dpo", "kto": "kto", "rm": "reward", "ppo": "ppo"}
+LLAMAFACTORY_PREF_LOSS = {"orpo": "orpo", "simpo": "simpo"}
+
+
+def llamafactory_inputs(path: str | Path) -> tuple[list[str], dict[str, Any]]:
+    """(spec overrides, Trainer arguments) from a LLaMA-Factory training YAML: the method
+    (``finetuning_type``, ``lora_rank``, ``lora_alpha``, ``lora_dropout``, ``lora_target``,
+    ``quantization_bit``, ``freeze_trainable_layers``), the objective (``stage``, ``pref_loss``),
+    and what it passes to the HF Trainer (``per_device_train_batch_size``,
+    ``gradient_accumulation_steps``, ``cutoff_len`` as the sequence, ``bf16``/``fp16``). Defaults are
+    LLaMA-Factory's (``hparams/finetuning_args.py``: rank 8, alpha 2 x rank, dropout 0, target all)."""
+    from dsgen.spec.yaml_source import load_yaml, read_source
+
+    file = Path(path)
+    data, source = load_yaml(read_source(file, "LLaMA-Factory YAML"), str(file))
+    if not isinstance(data, dict):
+        raise DsgenError(f"{file}: a LLaMA-Factory training YAML is a mapping of its arguments")
+
+    def fail(key: str, message: str) -> DsgenError:
+        return DsgenError(f"{key}: {message}", path=key, location=source.location((key,)))
+
+    def integer(key: str, default: int | None = None, low: int = 1) -> int | None:
+        value = data.get(key, default)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+            raise fail(key, f"must be an integer of at least {low}, got {value!r}")
+        return value
+
+    stage = data.get("stage", "sft")
+    if stage not in LLAMAFACTORY_STAGES:
+        raise fail("stage", f"must be one of {', '.join(LLAMAFACTORY_STAGES)}, got {stage!r}")
+    objective = (
+        LLAMAFACTORY_PREF_LOSS.get(data.get("pref_loss", ""), LLAMAFACTORY_STAGES[stage])
+        if stage == "dpo"
+        else LLAMAFACTORY_STAGES[stage]
+    )
+    kind = data.get("finetuning_type", "lora")
+    if kind not in ("lora", "freeze", "full"):
+        raise fail("finetuning_type", f"dsgen prices lora, freeze and full, got {kind!r}")
+    bits = integer("quantization_bit")
+    if bits is not None and bits not in (4, 8):
+        raise fail("quantization_bit", f"dsgen prices 4- and 8-bit bitsandbytes quantization, got {bits}")
+    overrides = [f"training.objective={objective}"]
+    if kind == "lora":
+        overrides.append(f"training.finetuning={'qlora' if bits else 'lora'}")
+        rank = integer("lora_rank", 8)
+        assert rank is not None
+        overrides.append(f"training.lora.rank={rank}")
+        alpha = data.get("lora_alpha") or 2 * rank
+        overrides.append(f"training.lora.alpha={alpha}")
+        dropout = data.get("lora_dropout", 0.0)
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+            raise fail("lora_dropout", f"must be a number from 0 to below 1, got {dropout!r}")
+        overrides.append(f"training.lora.dropout={dropout}")
+        target = data.get("lora_target", "all")
+        if not isinstance(target, str) or not target.strip():
+            raise fail("lora_target", f"must be 'all' or comma-separated module names, got {target!r}")
+        names = [name.strip() for name in target.split(",") if name.strip()]
+        overrides.append("training.lora.target_modules=" + ("all-linear" if names == ["all"] else json.dumps(names)))
+        if bits:
+            overrides.append(f"training.quantization.bits={bits}")
+            overrides.append(f"training.quantization.type={'nf4' if bits == 4 else 'int8'}")
+    elif kind == "freeze":
+        layers = integer("freeze_trainable_layers", 2)
+        overrides += ["training.finetuning=freeze", f"training.freeze.trainable_layers={layers}"]
+    else:
+        overrides.append("training.finetuning=full")
+    args: dict[str, Any] = {}
+    for key in ("per_device_train_batch_size", "gradient_accumulation_steps"):
+        value = integer(key)
+        if value is not None:
+            args[key] = value
+    cutoff = integer("cutoff_len", 2048)
+    args["max_length"] = cutoff
+    for key in ("bf16", "fp16"):
+        if key in data:
+            args[key] = bool(data[key])
+    return overrides, args
