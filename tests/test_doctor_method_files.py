@@ -131,3 +131,46 @@ def test_a_bad_llamafactory_field_names_the_field_and_line(replaced: str, key: s
     with pytest.raises(DsgenError) as caught:
         doctor(AUTO_CONFIG, SPEC, llamafactory=path)
     assert f"{path}:{line}:" in str(caught.value) and key.split(":")[0] in str(caught.value)
+
+
+GRPO_SPEC = """\
+model: {preset: qwen2.5-0.5b}
+hardware: {gpu: a100-80gb, gpus_per_node: 1, cpu_memory_gib: 64}
+training:
+  sequence_length: 768
+  global_batch_size: 8
+  objective: grpo
+  generation: {num_generations: 4, max_prompt_length: 512, max_completion_length: 256}
+"""
+
+
+@pytest.mark.parametrize(("micro", "refused"), [(3, True), (4, False)])
+def test_grpo_generation_batch_is_refused_where_trl_refuses_it(micro: int, refused: bool, tmp_path: Path) -> None:
+    trl = require_module("trl")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(GRPO_SPEC)
+    config = {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": 2},
+    }
+    codes = {f.code: f.severity for f in doctor(config, spec).findings}
+    assert (codes.get("generation-batch") == "error") is refused
+    kwargs = {"per_device_train_batch_size": micro, "num_generations": 4, "use_cpu": True, "report_to": "none"}
+    if refused:
+        with pytest.raises(ValueError, match="divisible by num_generations"):
+            trl.GRPOConfig(output_dir=str(tmp_path), **kwargs)
+    else:
+        trl.GRPOConfig(output_dir=str(tmp_path), **kwargs)
+
+
+def test_dpo_says_the_micro_batch_runs_two_sequences_per_sample(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        GRPO_SPEC.replace("objective: grpo", "objective: dpo").replace(
+            "  generation: {num_generations: 4, max_prompt_length: 512, max_completion_length: 256}\n", ""
+        )
+    )
+    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4, "zero_optimization": {"stage": 2}}
+    finding = next(f for f in doctor(config, spec).findings if f.code == "paired-sequences")
+    assert "4 sequences per forward" in finding.message

@@ -19,6 +19,7 @@ from dsgen.doctor.config_to_plan import ConfigPlan, config_to_plan
 from dsgen.doctor.evaluation_batch import evaluation_notes
 from dsgen.doctor.fixes import Fix, find_fixes
 from dsgen.doctor.keys import with_changes
+from dsgen.doctor.objective_batch import objective_batch_notes
 from dsgen.doctor.oom_match import OomReading, read_oom
 from dsgen.doctor.oom_message import OomMessage, parse_oom
 from dsgen.doctor.parallelism import accelerate_data_parallel_size, sp_disagreement, trainer_sp_size
@@ -486,6 +487,8 @@ def _price(spec: Spec, trainer_args: Mapping[str, Any] | None, r: _Resolution, v
         evaluation = evaluate(spec, config_plan.plan)
         for code, message, hint in evaluation_notes(trainer_args or {}, evaluation, spec):
             findings.append(DoctorFinding("warning", code, message, hint))
+        for severity, code, message, hint in objective_batch_notes(spec, config_plan.plan, trainer_args or {}):
+            findings.append(DoctorFinding(severity, code, message, hint))
     refused = any(f.severity == "error" for f in (*r.findings, *v.findings, *findings))
     if evaluation is None or refused:
         fill = evaluation.fit.fill if evaluation is not None else None
