@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.deepspeed_release import release_key
-from dsgen.estimate.adapter_activations import adapter_activation_bytes
 from dsgen.estimate.checkpoint_save import NO_SAVE_COPIES, CheckpointSave, checkpoint_save
+from dsgen.estimate.method_activations import method_activation_delta
 from dsgen.estimate.model_states import ModelStates, model_states
 from dsgen.estimate.objectives import GENERATION_OBJECTIVES, objective_memory, sequences_per_sample
 from dsgen.estimate.optimizers import step_temporary_bytes
@@ -415,7 +415,7 @@ def estimate_memory(
     sequences = sequences_per_sample(finetuning.objective)
     forward_plan = plan if sequences == 1 else replace(plan, micro_batch_size=sequences * plan.micro_batch_size)
     long = long_context_memory(shape, forward_plan, training, logits_released)
-    acts = long.activations.total + adapter_activation_bytes(shape, forward_plan, training, finetuning)
+    acts = long.activations.total + method_activation_delta(shape, forward_plan, training, finetuning, long.activations)
     transient = max(long.transient, plan.dtype_bytes * largest_dequantized(split))
     checkpoints = hardware.gpus_per_node * long.host_per_rank
     save = checkpoint_save(shape, states, plan, hardware.gpus_per_node, trainer_saves_model)

@@ -58,14 +58,16 @@ def frozen_model_bytes(shape: ModelShape, policy: ParameterSplit, plan: Plan) ->
     """GPU bytes of one frozen copy of the model (a separate reference model, PPO's reward model).
 
     TRL prepares it as a second DeepSpeed engine (``trl/models/utils.py``, ``prepare_deepspeed``):
-    under ZeRO-3 a stage-3 engine that shards it over the same ranks, with
-    ``stage3_param_persistence_threshold`` = 10·hidden; otherwise a stage-0 engine, so every GPU
-    holds the whole copy in the training dtype. No optimizer is built for it.
+    under ZeRO-3 a stage-3 engine that shards it over the same ranks; otherwise a stage-0 engine,
+    so every GPU holds the whole copy in the training dtype. No optimizer is built for it. TRL 1.16
+    writes its ZeRO-3 sizes (persistence threshold 10·hidden) as dotted top-level keys, which
+    DeepSpeed ignores: the engine keeps the config's own threshold (measured on 2 CPU ranks).
     """
     ranks = plan.data_parallel_size
     copy = _frozen_copy(shape, policy)
     if plan.zero_stage == 3:
-        held: FrozenBytes = frozen_bytes(copy, plan.dtype_bytes, 3, ranks, 10 * shape.hidden_size)
+        threshold = plan.knobs.param_persistence_threshold
+        held: FrozenBytes = frozen_bytes(copy, plan.dtype_bytes, 3, ranks, threshold)
     else:
         held = frozen_bytes(copy, plan.dtype_bytes, 0, ranks, 0)
     return held.resident + held.partitions
