@@ -174,3 +174,31 @@ def test_dpo_says_the_micro_batch_runs_two_sequences_per_sample(tmp_path: Path) 
     config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4, "zero_optimization": {"stage": 2}}
     finding = next(f for f in doctor(config, spec).findings if f.code == "paired-sequences")
     assert "4 sequences per forward" in finding.message
+
+
+def test_a_run_that_does_not_fit_is_offered_lighter_methods_apart_from_config_fixes(tmp_path: Path) -> None:
+    """Full DPO of a 7B model at micro-batch 4 under ZeRO-2 runs out; precomputing the reference
+    log-probabilities, LoRA and QLoRA each fit with the same config, and are listed as changes to
+    the training, never as config fixes."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "model: {preset: qwen2.5-7b}\nhardware: {gpu: a100-80gb, gpus_per_node: 8, cpu_memory_gib: 1024}\n"
+        "training: {sequence_length: 2048, global_batch_size: 64, objective: dpo}\n"
+        "constraints: {activation_checkpointing: true}\n"
+    )
+    config = {
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 2,
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": 2},
+    }
+    diagnosis = doctor(config, spec)
+    assert diagnosis.verdict == "oom"
+    changes = [dict(fix.changes) for fix in diagnosis.method_fixes]
+    assert changes == [
+        {"training.reference_model": "precomputed"},
+        {"training.finetuning": "lora"},
+        {"training.finetuning": "qlora"},
+    ]
+    assert all(fix.evaluation.plan == diagnosis.evaluation.plan for fix in diagnosis.method_fixes)  # type: ignore[union-attr]
+    assert all("training." not in key for fix in diagnosis.fixes for key, _ in fix.changes)

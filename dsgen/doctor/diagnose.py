@@ -19,6 +19,7 @@ from dsgen.doctor.config_to_plan import ConfigPlan, config_to_plan
 from dsgen.doctor.evaluation_batch import evaluation_notes
 from dsgen.doctor.fixes import Fix, find_fixes
 from dsgen.doctor.keys import with_changes
+from dsgen.doctor.method_fixes import MethodFix, method_fixes
 from dsgen.doctor.objective_batch import objective_batch_notes
 from dsgen.doctor.oom_match import OomReading, read_oom
 from dsgen.doctor.oom_message import OomMessage, parse_oom
@@ -121,6 +122,7 @@ class Diagnosis:
     findings: tuple[DoctorFinding, ...]
     fixes: tuple[Fix, ...]
     oom: OomReading | None
+    method_fixes: tuple[MethodFix, ...] = ()  # changes to what the run trains (not config fixes)
 
     @property
     def verdict(self) -> str:
@@ -642,6 +644,9 @@ def _report(
         findings=tuple(findings),
         fixes=fixes,
         oom=oom,
+        method_fixes=method_fixes(spec, p.evaluation.plan)
+        if p.evaluation is not None and not p.evaluation.feasible
+        else (),
     )
 
 

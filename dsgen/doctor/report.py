@@ -77,6 +77,16 @@ def diagnosis_dict(d: Diagnosis) -> dict[str, Any]:
             }
             for fix in d.fixes
         ],
+        # changes to what the run trains, apart from the config fixes (dsgen.doctor.method_fixes)
+        "method_fixes": [
+            {
+                "label": fix.label,
+                "changes": dict(fix.changes),
+                "memory_gpu_total": fix.evaluation.memory.gpu.total,
+                "step_time_s": round(fix.evaluation.step.total_s, 6),
+            }
+            for fix in d.method_fixes
+        ],
     }
     if d.oom is not None:
         m = d.oom.message
@@ -197,6 +207,12 @@ def human(d: Diagnosis) -> str:
             )
         else:
             lines.append("no plan dsgen solve finds for this spec fits: add GPUs or nodes, or shorten the sequence")
+    if d.method_fixes:
+        lines.append("")
+        lines.append("changing the training instead (not config fixes: each changes what the run learns; same config):")
+        for method in d.method_fixes:
+            keys = ", ".join(f"{key}: {value}" for key, value in method.changes)
+            lines.append(f"  - {method.label}: GPU {gib(method.evaluation.memory.gpu.total)} ({keys} in the spec)")
     return "\n".join(lines)
 
 
