@@ -10,9 +10,11 @@ one message instead of being parsed.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 from dsgen.errors import DsgenError, Location
 
@@ -72,3 +74,16 @@ def read_text(path: str | Path, what: str, *, limit: int = MAX_INPUT_BYTES, enco
 
 def _too_large(label: str, limit: int) -> str:
     return f"{label} is larger than {limit // (1024 * 1024)} MiB; dsgen reads only files of that size or smaller"
+
+
+def read_json_object(path: str | Path, what: str) -> dict[str, Any]:
+    """A JSON object from a bounded regular file (:func:`read_text`), or a :class:`DsgenError`
+    naming ``what`` and, for a syntax error, the line and column."""
+    file = Path(path)
+    try:
+        data = json.loads(read_text(file, what))
+    except json.JSONDecodeError as exc:
+        raise DsgenError(f"{file}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
+    if not isinstance(data, dict):
+        raise DsgenError(f"{file}: {what} must be a JSON object")
+    return data

@@ -11,7 +11,6 @@ Without Trainer arguments the doctor still needs numbers, so it assumes them and
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from dsgen.doctor.keys import MISSING, get, is_auto, with_changes
 from dsgen.doctor.parallelism import check_parallelism_config
 from dsgen.doctor.sequence_length import LENGTH_KEYS
 from dsgen.errors import DsgenError
+from dsgen.inputs import read_json_object
 
 # TrainingArguments defaults for the fields the DeepSpeed integration reads
 # (transformers/training_args.py, the dataclass field defaults).
@@ -68,14 +68,7 @@ def load_training_args(path: str | Path) -> dict[str, Any]:
     """Read Trainer arguments from JSON (``TrainingArguments`` field names, as in ``to_json_string``);
     ``parallelism_config`` is an object of accelerate ``ParallelismConfig`` fields (dsgen.doctor.parallelism)."""
     file = Path(path)
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise DsgenError(f"cannot read training arguments {file}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise DsgenError(f"{file}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
-    if not isinstance(data, dict):
-        raise DsgenError(f"{file}: training arguments must be a JSON object of TrainingArguments fields")
+    data = read_json_object(file, "training arguments (TrainingArguments fields)")
     batches = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps")
     for key in (*batches, "max_steps", "warmup_steps"):
         value = data.get(key)

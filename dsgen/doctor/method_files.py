@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dsgen.errors import DsgenError
+from dsgen.inputs import read_json_object
 
 #: A field only one TRL config class has, and the objective it names (TRL 1.16's config classes:
 #: GRPOConfig, KTOConfig, CPOConfig, RewardConfig, ORPOConfig, DPOConfig), checked in this order.
@@ -25,18 +26,6 @@ TRL_OBJECTIVE_FIELDS: tuple[tuple[str, str], ...] = (
     ("center_rewards_coefficient", "reward"),
     ("precompute_ref_log_probs", "dpo"),
 )
-
-
-def _read_json(file: Path, what: str) -> dict[str, Any]:
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise DsgenError(f"cannot read {what} {file}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise DsgenError(f"{file}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
-    if not isinstance(data, dict):
-        raise DsgenError(f"{file}: {what} must be a JSON object")
-    return data
 
 
 def _number(data: dict[str, Any], key: str, file: Path, low: float, high: float | None = None) -> float | None:
@@ -58,7 +47,7 @@ def peft_overrides(path: str | Path, spec_method: str) -> list[str]:
     """``--set`` overrides for the LoRA adapters an ``adapter_config.json`` describes. The method
     stays ``qlora`` when the spec says so (the file does not record the base model's quantization)."""
     file = Path(path)
-    data = _read_json(file, "PEFT adapter config")
+    data = read_json_object(file, "PEFT adapter config")
     kind = data.get("peft_type")
     if kind != "LORA":
         raise DsgenError(f"{file}: peft_type {kind!r}: dsgen prices LoRA adapters (peft_type LORA)")

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from math import prod
+from typing import TypeVar
 
 from dsgen.catalog.linear_layers import LinearLayer, decoder_linear_layers
 from dsgen.catalog.model_shape import ModelShape
@@ -32,6 +33,7 @@ from dsgen.units import FP32
 # themselves quantized to 8 bits in blocks of 256, each with an fp32 absmax of its own
 # (bitsandbytes/functional.py: quantize_4bit, compress_statistics -> quantize_blockwise(blocksize=256)).
 NESTED_BLOCK = 256
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -90,16 +92,15 @@ def _sizes(shapes: tuple[Shape, ...]) -> tuple[int, ...]:
     return tuple(prod(s) for s in shapes)
 
 
-def _without(tensors: Iterable[int], removed: Iterable[int]) -> tuple[int, ...]:
-    """``tensors`` less one occurrence of each of ``removed`` (a multiset difference, order kept)."""
+def _without(items: Iterable[T], removed: Iterable[T]) -> tuple[T, ...]:
+    """``items`` less one occurrence of each of ``removed`` (a multiset difference, order kept)."""
     left = Counter(removed)
     kept = []
-    for n in tensors:
-        if left[n] > 0:
-            left[n] -= 1
+    for item in items:
+        if left[item] > 0:
+            left[item] -= 1
         else:
-            kept.append(n)
-    assert not +left, f"tensors to remove that the model does not have: {dict(+left)}"
+            kept.append(item)
     return tuple(kept)
 
 
@@ -209,7 +210,7 @@ def _freeze_trainable(shape: ModelShape, layers: int, modules: tuple[str, ...]) 
     ``freeze_trainable_layers`` with ``freeze_trainable_modules: all``) and the named modules."""
     one = parameter_shapes(replace(shape, num_layers=1, dense_layers=0))
     two = parameter_shapes(replace(shape, num_layers=2, dense_layers=0))
-    layer = _layer_shapes(two, one)
+    layer = _without(two, one)  # one decoder layer: a two-layer model's tensors less a one-layer model's
     h = shape.hidden_size
     extra: list[Shape] = []
     if "embeddings" in modules or ("lm_head" in modules and shape.tie_word_embeddings):
@@ -219,18 +220,6 @@ def _freeze_trainable(shape: ModelShape, layers: int, modules: tuple[str, ...]) 
     if "norm" in modules and shape.final_norm:
         extra += [(h,), (h,)] if shape.norm == "layernorm" and shape.norm_bias else [(h,)]
     return tuple(layer * min(layers, shape.num_layers)) + tuple(extra)
-
-
-def _layer_shapes(two: tuple[Shape, ...], one: tuple[Shape, ...]) -> tuple[Shape, ...]:
-    """One decoder layer's tensors: a two-layer model's tensors less a one-layer model's."""
-    left = Counter(one)
-    layer = []
-    for s in two:
-        if left[s] > 0:
-            left[s] -= 1
-        else:
-            layer.append(s)
-    return tuple(layer)
 
 
 # ---- bytes -----------------------------------------------------------------------------------------
