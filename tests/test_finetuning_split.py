@@ -138,3 +138,29 @@ def test_freeze_trains_the_last_layers_as_llamafactory_selects_them(tmp_path: Pa
     split = parameter_split(shape, FineTuning(method="freeze", freeze=freeze))
     assert split.trainable_count == expected
     assert split.frozen_count == shape.parameter_count() - expected
+
+
+def test_generation_kv_cache_is_the_cache_transformers_generate_holds(tmp_path: Path) -> None:
+    """GRPO's transformers engine: the KV cache model.generate builds for a batch of completions
+    (a DynamicCache: keys and values per layer for prompt + generated - 1 positions; dsgen prices
+    prompt + completion, one position more)."""
+    torch = require_module("torch")
+    transformers = require_module("transformers")
+    from dsgen.catalog.hf_config import shape_from_hf_config
+    from dsgen.estimate.objectives import kv_cache_bytes
+    from dsgen.plan import Plan
+
+    sizes = {"vocab_size": 1000, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4}
+    config = transformers.LlamaConfig(**sizes, num_attention_heads=8, num_key_value_heads=4)
+    model = transformers.LlamaForCausalLM(config).eval()
+    prompts, prompt_length, new = 3, 20, 12
+    ids = torch.randint(0, 1000, (prompts, prompt_length))
+    out = model.generate(
+        ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, return_dict_in_generate=True, pad_token_id=0
+    )
+    held = sum(layer.keys.nbytes + layer.values.nbytes for layer in out.past_key_values.layers)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**sizes, "model_type": "llama", "num_attention_heads": 8, "num_key_value_heads": 4}))
+    shape = shape_from_hf_config(path)
+    plan = Plan("fp32", 0, "none", "none", "none", 1, 1, 1)
+    assert kv_cache_bytes(shape, plan, prompts, prompt_length + new - 1) == held
