@@ -9,6 +9,7 @@ runs a LoRA policy's reference pass with the adapter disabled (no second model).
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from conftest import EXAMPLES_DIR
@@ -141,3 +142,19 @@ def test_num_generations_must_divide_the_batch_as_trl_requires() -> None:
     with pytest.raises(DsgenError) as caught:
         load_spec_text(_spec("llama-3.1-8b", "h100-80gb", 8, 1024, training, batch=64), file="spec.yaml")
     assert caught.value.path == "training.generation.num_generations"
+
+
+def test_sweeps_vary_the_method_rank_and_objective(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A sweep over the method: full training of Llama-3.1-70B does not fit 8 x A100 80 GB, LoRA
+    does, and QLoRA holds less per GPU than LoRA; the rank varies like any other key."""
+    from tests.cli_helpers import sweep_rows
+
+    base = EXAMPLES_DIR / "lora-llama-3.1-70b-8xa100.yaml"
+    made = sweep_rows(tmp_path, capsys, base, "training.finetuning", "[full, lora, qlora]")
+    rows = {row["vars"]["training.finetuning"]: row for row in made}
+    assert rows["full"]["status"] == "infeasible" and rows["lora"]["status"] == rows["qlora"]["status"] == "ok"
+    assert rows["qlora"]["gpu_memory_bytes"] < rows["lora"]["gpu_memory_bytes"]
+    (tmp_path / "ranks").mkdir()
+    ranks = sweep_rows(tmp_path / "ranks", capsys, base, "training.lora.rank", "[8, 128]")
+    assert [row["vars"]["training.lora.rank"] for row in ranks] == [8, 128]
+    assert all(row["status"] == "ok" for row in ranks)

@@ -379,12 +379,16 @@ class _SpecBuilder:
         objective = block.get("objective", FineTuning.objective)
         owners = {"lora": ("lora", "qlora"), "quantization": ("qlora",), "freeze": ("freeze",)}
         for key, methods in owners.items():
-            if key in block and method not in methods:
+            if key not in block or method in methods:
+                continue
+            if "finetuning" not in block:  # a block for a method the spec never chose: surely a mistake
                 raise self.fail(
                     ("training", key),
                     f"training.{key} applies to finetuning {' or '.join(methods)}, not {method}",
                     hint=f"set training.finetuning: {methods[0]}, or remove training.{key}",
                 )
+            # the method was chosen (a sweep or --set may vary it): the other method's block is unused, and said so
+            self.notes.append(f"training.{key} is not used: finetuning is {method}")
         if "generation" in block and objective not in GENERATION_OBJECTIVES:
             raise self.fail(
                 ("training", "generation"),
