@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dsgen.estimate.memory import HELD_BESIDE_TERMS
 from dsgen.estimate.optimizers import client_optimizer_call, is_client_optimizer
 from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
 from dsgen.evaluation import Evaluation
@@ -31,14 +32,7 @@ ACCOUNTING_LABELS = {
 }
 GPU_TERMS = ("parameters", "gradients", "optimizer_states", "activations", "buffers", "transient", "overhead")
 # what fine-tuning and the objectives add (dsgen.estimate.memory.GpuMemory); printed when not zero
-METHOD_GPU_TERMS = (
-    "frozen_parameters",
-    "reference_model",
-    "value_model",
-    "vllm_reserved",
-    "generation",
-    "generation_gather",
-)
+METHOD_GPU_TERMS = (*HELD_BESIDE_TERMS, "generation", "generation_gather")
 
 
 def memory_dict(e: Evaluation) -> dict[str, Any]:

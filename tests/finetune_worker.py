@@ -62,17 +62,9 @@ TINY_MODELS: dict[str, dict[str, Any]] = {
         "num_key_value_heads": 4,
         "tie_word_embeddings": False,
     },
-    "qwen3": {
-        "vocab_size": 1000,
-        "hidden_size": 256,
-        "intermediate_size": 512,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 4,
-        "head_dim": 32,
-        "tie_word_embeddings": False,
-    },
 }
+# the same sizes with Qwen3's own head width (its q/k norms are per head)
+TINY_MODELS["qwen3"] = {**TINY_MODELS["llama"], "head_dim": 32}
 
 # transformers.Trainer.get_decay_parameter_names (transformers 5.x): no weight decay for these.
 _NO_DECAY_PATTERNS = [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]

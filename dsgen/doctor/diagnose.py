@@ -28,7 +28,7 @@ from dsgen.doctor.run_optimizer import run_optimizer, with_run_optimizer
 from dsgen.doctor.sequence_length import run_sequence_length
 from dsgen.errors import DsgenError, ExitCode
 from dsgen.estimate.kernel_limits import KERNEL_LIMIT_HINT
-from dsgen.estimate.memory import GpuMemory
+from dsgen.estimate.memory import HELD_BESIDE_TERMS, GpuMemory
 from dsgen.estimate.sequence_parallel import sp_violation
 from dsgen.evaluation import Evaluation, evaluate
 from dsgen.long_context import TRICKS
@@ -41,8 +41,6 @@ from dsgen.validate import Report, validate_config
 from dsgen.verdict import SAFE_LINE, FitVerdict, invalid
 from dsgen.vocabulary import Checkpointing, StepPhase
 
-# what every phase holds beside the trained model states (fine-tuning and objectives; 0 otherwise)
-HELD_BESIDE = ("frozen_parameters", "reference_model", "value_model", "vllm_reserved")
 PHASE_TERMS = {
     "forward_backward": (
         "parameters",
@@ -52,7 +50,7 @@ PHASE_TERMS = {
         "buffers",
         "transient",
         "overhead",
-        *HELD_BESIDE,
+        *HELD_BESIDE_TERMS,
     ),
     "optimizer_step": (
         "parameters",
@@ -61,7 +59,7 @@ PHASE_TERMS = {
         "step_buffers",
         "step_temporary",
         "step_overhead",
-        *HELD_BESIDE,
+        *HELD_BESIDE_TERMS,
     ),
     "generation": (
         "parameters",
@@ -70,7 +68,7 @@ PHASE_TERMS = {
         "step_overhead",
         "generation",
         "generation_gather",
-        *HELD_BESIDE,
+        *HELD_BESIDE_TERMS,
     ),
 }
 TERM_NAMES = {

@@ -35,6 +35,10 @@ HOST_BYTES_PER_RANK = 3 * GIB  # python, torch, DeepSpeed and CUDA host state pe
 HOST_RESERVE = 0.10  # share of host RAM left for the OS, page cache and data loaders
 
 
+#: The GpuMemory terms every phase holds beside the trained model states (fine-tuning, objectives).
+HELD_BESIDE_TERMS = ("frozen_parameters", "reference_model", "value_model", "vllm_reserved")
+
+
 @dataclass(frozen=True)  # one per candidate plan
 class GpuMemory:
     """Per-GPU memory of one plan.
@@ -80,8 +84,8 @@ class GpuMemory:
     @property
     def held_beside(self) -> int:
         """What every phase holds beside the trained model states: frozen weights, the objective's
-        other models, and vLLM's reserved share."""
-        return self.frozen_parameters + self.reference_model + self.value_model + self.vllm_reserved
+        other models, and vLLM's reserved share (:data:`HELD_BESIDE_TERMS`)."""
+        return sum(getattr(self, term) for term in HELD_BESIDE_TERMS)
 
     @property
     def forward_backward(self) -> int:

@@ -105,7 +105,7 @@ def trained_parameters(shape: ModelShape, training: Training) -> int:
     return parameter_split(shape, training.finetuning).trainable_count
 
 
-def method_flops_factor(shape: ModelShape, training: Training) -> float:
+def method_flops_factor(shape: ModelShape, training: Training, trained: int) -> float:
     """Model FLOPs of the method and objective, as a multiple of full training's on the same tokens.
 
     A frozen weight's matmul needs no weight gradient in backward: 4 of its 6 FLOPs per parameter
@@ -115,7 +115,7 @@ def method_flops_factor(shape: ModelShape, training: Training) -> float:
     finetuning = training.finetuning
     if finetuning.is_default:
         return 1.0
-    frozen = 1 - trained_parameters(shape, training) / shape.parameter_count()
+    frozen = 1 - trained / shape.parameter_count()
     factor = 1 - frozen / 3
     if reference_source(finetuning) in ("separate", "adapter-disabled"):
         factor += 1 / 3
@@ -126,8 +126,8 @@ def estimate_step_time(shape: ModelShape, plan: Plan, hardware: Hardware, traini
     """Predict the wall time of one optimizer step (pure function of its inputs): compute, the
     communication compute does not hide, and offload traffic, each priced by its own function."""
     flops = model_flops_per_token(shape, training.sequence_length) * tokens_per_step(plan, training)
-    flops *= method_flops_factor(shape, training)
     trained = trained_parameters(shape, training)
+    flops *= method_flops_factor(shape, training, trained)
     if plan.long_context.active:  # Ulysses SP, TiledMLP, checkpoint offload (sequence_parallel_time)
         long = long_context_time(
             shape,
