@@ -1,5 +1,6 @@
-"""The doctor's one pass, as the steps it performs: resolve "auto" values, validate (with
-DeepSpeed's batch derivation), price the config, fix it from the solver's search, report.
+"""The doctor's one pass: read the run (:mod:`dsgen.doctor.reading`: "auto" values, DeepSpeed's
+batch, the validator, the Trainer's optimizer and lengths, the plan), price it, fix it from the
+solver's search, report.
 
 Pure function of its inputs (config, spec, world size, Trainer arguments, an OOM message);
 :mod:`dsgen.doctor.report` turns the :class:`Diagnosis` into JSON and text.
@@ -12,34 +13,31 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-from dsgen.deepspeed_release import profile_of
-from dsgen.doctor.auto_values import Resolved, auto_keys, resolve
-from dsgen.doctor.batch import Batch, Parallel, derive, parallel_of
+from dsgen.doctor.auto_values import Resolved, auto_keys
+from dsgen.doctor.batch import Batch, Parallel
 from dsgen.doctor.config_to_plan import ConfigPlan, config_to_plan
 from dsgen.doctor.evaluation_batch import evaluation_notes
+from dsgen.doctor.findings import DoctorFinding
 from dsgen.doctor.fixes import Fix, find_fixes
 from dsgen.doctor.keys import with_changes
 from dsgen.doctor.method_fixes import MethodFix, method_fixes
 from dsgen.doctor.objective_batch import objective_batch_notes
 from dsgen.doctor.oom_match import OomReading, read_oom
 from dsgen.doctor.oom_message import OomMessage, parse_oom
-from dsgen.doctor.parallelism import accelerate_data_parallel_size, sp_disagreement, trainer_sp_size
-from dsgen.doctor.run_optimizer import run_optimizer, with_run_optimizer
-from dsgen.doctor.sequence_length import run_sequence_length
-from dsgen.errors import DsgenError, ExitCode
+from dsgen.doctor.reading import ConfigReading, RunReading, read_config, read_run, run_validator, spec_at
+from dsgen.doctor.run_optimizer import with_run_optimizer
+from dsgen.errors import ExitCode
 from dsgen.estimate.kernel_limits import KERNEL_LIMIT_HINT
 from dsgen.estimate.memory import HELD_BESIDE_TERMS, GpuMemory
-from dsgen.estimate.sequence_parallel import sp_violation
 from dsgen.evaluation import Evaluation, evaluate
-from dsgen.long_context import TRICKS
 from dsgen.plan import Plan
 from dsgen.report import PHASE_LABELS
-from dsgen.solver import resolve_precision, solve
+from dsgen.solver import solve
 from dsgen.spec.types import Spec
 from dsgen.units import gib
-from dsgen.validate import Report, validate_config
+from dsgen.validate import Report
 from dsgen.verdict import SAFE_LINE, FitVerdict, invalid
-from dsgen.vocabulary import Checkpointing, StepPhase
+from dsgen.vocabulary import StepPhase
 
 PHASE_TERMS = {
     "forward_backward": (
@@ -78,16 +76,6 @@ TERM_NAMES = {
     "step_temporary": "transient",
     "step_overhead": "overhead",
 }
-
-
-@dataclass(frozen=True)
-class DoctorFinding:
-    """Something the doctor wants the user to know; ``error`` makes the config invalid."""
-
-    severity: str  # error | warning | info
-    code: str
-    message: str
-    hint: str | None = None
 
 
 @dataclass(frozen=True)
@@ -136,82 +124,6 @@ class Diagnosis:
         return ExitCode.OK
 
 
-def _spec_at(spec: Spec, world_size: int) -> Spec:
-    """The spec's hardware with the launcher's world size (whole nodes where it divides)."""
-    hw = spec.hardware
-    if world_size == hw.world_size:
-        return spec
-    if world_size % hw.gpus_per_node == 0:
-        hardware = replace(hw, nodes=world_size // hw.gpus_per_node)
-    else:
-        hardware = replace(hw, gpus_per_node=world_size, nodes=1)
-    return replace(spec, hardware=hardware)
-
-
-def _assumptions(spec: Spec, world_size: int) -> dict[str, Any]:
-    """Stand-ins for Trainer arguments, from the spec: its pins, its global batch, its precision."""
-    c = spec.constraints
-    micro = c.micro_batch_size or 1
-    accum = c.gradient_accumulation_steps
-    if accum is None:
-        target = spec.training.global_batch_size
-        if target is None and spec.training.tokens_per_step is not None:
-            target = spec.training.tokens_per_step // spec.training.sequence_length
-        accum = target // (world_size * micro) if target and target % (world_size * micro) == 0 else 1
-    precision = resolve_precision(spec)
-    return {
-        "per_device_train_batch_size": micro,
-        "gradient_accumulation_steps": max(1, accum),
-        "bf16": precision == "bf16",
-        "fp16": precision == "fp16",
-        "gradient_checkpointing": c.activation_checkpointing == "full",
-    }
-
-
-def _checkpointing(spec: Spec, trainer_args: Mapping[str, Any] | None) -> tuple[Checkpointing, str, str | None]:
-    """(mode, where it came from, note when assumed)."""
-    pinned = spec.constraints.activation_checkpointing
-    if trainer_args is not None and "gradient_checkpointing" in trainer_args:
-        mode: Checkpointing = "full" if trainer_args["gradient_checkpointing"] else "none"
-        note = None
-        if pinned is not None and pinned != mode:
-            note = (
-                f"the spec pins constraints.activation_checkpointing ({pinned}), but the training arguments "
-                f"say gradient_checkpointing={bool(trainer_args['gradient_checkpointing'])}; the doctor follows the arguments"
-            )
-        return mode, "training args gradient_checkpointing", note
-    if pinned is not None:
-        return pinned, "spec constraints.activation_checkpointing", None
-    return (
-        "none",
-        "assumed",
-        "the spec does not say whether the script checkpoints activations (constraints.activation_checkpointing); "
-        "assumed it does not",
-    )
-
-
-def _tricks_assumed(spec: Spec, plan: Plan) -> list[DoctorFinding]:
-    """A Ulysses config whose spec leaves an ALST trick unpinned: the doctor takes the training code
-    not to apply it (no config file says), which at long sequences decides the verdict."""
-    if plan.long_context.sequence_parallel_size == 1:
-        return []
-    unpinned = [name for name in TRICKS if getattr(spec.constraints, name) is None]
-    if spec.training.liger_kernel:
-        unpinned = [name for name in unpinned if name != "tiled_loss"]  # Liger's fused loss already tiles it
-    if not unpinned:
-        return []
-    names = ", ".join(f"constraints.{name}" for name in unpinned)
-    return [
-        DoctorFinding(
-            "warning",
-            "long-context-assumed",
-            f"the config runs Ulysses sequence parallelism, but the spec does not say whether the training code "
-            f"applies {names}; assumed it does not",
-            "pin them (true or false) in the spec to price what the script does",
-        )
-    ]
-
-
 def phase_terms(gpu: GpuMemory, phase: StepPhase) -> dict[str, int]:
     """The terms one phase sums, by the names the reports print (``step_gradients`` as ``gradients``)."""
     return {TERM_NAMES.get(name, name): int(getattr(gpu, name)) for name in PHASE_TERMS[phase]}
@@ -228,44 +140,11 @@ def _dominant(evaluation: Evaluation) -> Dominant:
     return Dominant(phase, name, terms[name], terms[name] / total if total else 0.0)
 
 
-def _run_validator(config: dict[str, Any], resolved: Resolved, parallel: Parallel, deepspeed_version: str) -> Report:
-    """The validator with the parser profile of the spec's release (``training.deepspeed_version``)."""
-    profile = profile_of(deepspeed_version)
-    world = parallel.batch_world
-    world_size = int(world) if float(world).is_integer() and world >= 1 else None
-    if resolved.unresolved:
-        return validate_config(config, world_size=world_size, target="hf-trainer", deepspeed_version=profile)
-    return validate_config(resolved.config, world_size=world_size, deepspeed_version=profile)
-
-
-@dataclass(frozen=True)
-class _Resolution:
-    """Step 1: the config with "auto" filled, the parallel layout and DeepSpeed's batch."""
-
-    resolved: Resolved
-    assumptions: Mapping[str, Any]
-    parallel: Parallel
-    batch: Batch
-    findings: tuple[DoctorFinding, ...]
-
-
-@dataclass(frozen=True)
-class _Validation:
-    """Step 2: the validator's report, and the batch the config is priced at (DeepSpeed's, or the
-    first consistent one when DeepSpeed's assertion fails, with the keys that correct it)."""
-
-    report: Report
-    priced_batch: Batch
-    base_changes: Mapping[str, Any]
-    findings: tuple[DoctorFinding, ...]
-
-
 @dataclass(frozen=True)
 class _Pricing:
-    """Step 3: the config as a plan, its evaluation, the verdict of that evaluation, and what this
-    step found (checkpointing assumed, the config's notes, the memory findings)."""
+    """The run's evaluation, its verdict, and what pricing found (the Trainer's evaluation
+    batch, the objective's batch, the memory findings)."""
 
-    config_plan: ConfigPlan | None
     evaluation: Evaluation | None
     fit: FitVerdict
     dominant: Dominant | None
@@ -281,215 +160,29 @@ def diagnose(
     error_text: str | None = None,
     max_fixes: int = 6,
 ) -> Diagnosis:
-    """Everything ``dsgen doctor`` reports about ``config`` on ``spec``'s cluster."""
-    _check_inputs(config, world_size)
-    world = world_size or spec.hardware.world_size
-    start: tuple[DoctorFinding, ...] = ()
-    if world != spec.hardware.world_size:
-        start = (DoctorFinding("info", "world-size", f"priced on {world} GPUs (--world-size)"),)
-    spec = _spec_at(spec, world)
-    stated_length = spec.training.sequence_length
-    spec, length_note = run_sequence_length(spec, trainer_args)
-    if length_note is not None:
-        severity = "warning" if spec.training.sequence_length != stated_length else "info"
-        start = (*start, DoctorFinding(severity, "sequence-length", length_note))
-    if trainer_args is not None and not spec.output.logits_released:
-        # Trainer arguments mean the HF Trainer runs the loop: its loss backward is priced as such
-        spec = replace(spec, output=replace(spec.output, target="hf-trainer"))
+    """Everything ``dsgen doctor`` reports about ``config`` on ``spec``'s cluster: the run read
+    once (:func:`dsgen.doctor.reading.read_run`), then priced, fixed and reported."""
+    reading = read_run(config, spec, world_size=world_size, trainer_args=trainer_args)
     oom_message = parse_oom(error_text) if error_text is not None else None
-    resolution = _resolve(config, spec, world, trainer_args)
-    validation = _validate(config, spec, resolution)
-    reading = run_optimizer(resolution.resolved.config, trainer_args, spec.training.optimizer)
-    run_spec = with_run_optimizer(spec, resolution.resolved.config, trainer_args)
-    pricing = _price(run_spec, trainer_args, resolution, validation)
-    # the solver searches with the spec's optimizer (a fix may add offload, which hands the step to
-    # DeepSpeed's CPU optimizer); each fixed config is priced with the one it would run
-    fixes = _fix(config, spec, trainer_args, resolution, validation, pricing, world, max_fixes)
-    optimizer: tuple[DoctorFinding, ...] = ()
-    if reading.note is not None:
-        optimizer = (DoctorFinding("warning" if reading.contradicts_spec else "info", "optimizer", reading.note),)
-    findings = (*start, *resolution.findings, *validation.findings, *optimizer, *pricing.findings)
-    return _report(config, run_spec, world, resolution, validation, pricing, fixes, findings, oom_message)
+    pricing = _price(reading)
+    fixes = _fix(reading, pricing, max_fixes)
+    return _report(reading, pricing, fixes, oom_message)
 
 
-def _check_inputs(config: Any, world_size: int | None) -> None:
-    if not isinstance(config, dict):
-        raise DsgenError("a DeepSpeed config must be a JSON object")
-    if world_size is not None and world_size < 1:
-        raise DsgenError(f"--world-size must be a positive integer, got {world_size}")
-
-
-def _resolve(config: dict[str, Any], spec: Spec, world: int, trainer_args: Mapping[str, Any] | None) -> _Resolution:
-    """Fill "auto" as the HF Trainer would (its arguments, or stand-ins from the spec), then
-    derive the parallel layout and DeepSpeed's batch triple."""
-    assumptions = {} if trainer_args is not None else _assumptions(spec, world)
-    resolved = resolve(
-        config, trainer_args=trainer_args, assumptions=assumptions, world_size=world, hidden_size=spec.model.hidden_size
-    )
+def _price(reading: RunReading) -> _Pricing:
+    """The run's plan priced by the solver's own models, and its calibrated verdict (``invalid``
+    when reading found an error, or there is no batch DeepSpeed accepts)."""
+    spec, plan = reading.spec, reading.plan
     findings: list[DoctorFinding] = []
-    autos = auto_keys(config)
-    if autos and trainer_args is None:
-        findings.append(
-            DoctorFinding(
-                "warning",
-                "auto-assumed",
-                f'"auto" keys resolved without Trainer arguments: {", ".join(autos)}; assumed '
-                + ", ".join(resolved.assumed_args),
-                "pass --training-args training_args.json to resolve them as your Trainer does",
-            )
-        )
-    for mismatch in resolved.mismatches:
-        findings.append(
-            DoctorFinding(
-                "error",
-                "trainer-mismatch",
-                f"the HF Trainer refuses this config: {mismatch}",
-                'set the DeepSpeed value to "auto", or make the two agree',
-            )
-        )
-    if resolved.unresolved:
-        findings.append(
-            DoctorFinding(
-                "info",
-                "auto-unresolved",
-                f'"auto" values the Trainer fills later and the prediction does not need: {", ".join(resolved.unresolved)}',
-            )
-        )
-    trainer_sp = trainer_sp_size(trainer_args)
-    if trainer_sp is not None and trainer_sp > 1:
-        resolved, rewrite = _accelerate_batch_rewrite(resolved, trainer_args, world // trainer_sp)
-        findings.extend(rewrite)
-    parallel = parallel_of(resolved.config, world, trainer_sp)
-    disagreement = sp_disagreement(resolved.config, trainer_sp)
-    if disagreement:
-        findings.append(
-            DoctorFinding(
-                "error",
-                "sequence-parallel-mismatch",
-                disagreement,
-                "give the same degree in both: sequence_parallel_size in the DeepSpeed config and "
-                "parallelism_config.sp_size in the training arguments",
-            )
-        )
-    if parallel.sequence_parallel > 1:  # DeepSpeed's Ulysses rules, each naming where it raises
-        training = spec.training
-        why = sp_violation(spec.model, parallel.sequence_parallel, world, training.sequence_length, training.attention)
-        if why:
-            findings.append(
-                DoctorFinding("error", "sequence-parallel", why, "choose a sequence_parallel_size that satisfies it")
-            )
-    return _Resolution(resolved, assumptions, parallel, derive(resolved.config, parallel), tuple(findings))
-
-
-def _accelerate_batch_rewrite(
-    resolved: Resolved, trainer_args: Mapping[str, Any] | None, data_parallel: int
-) -> tuple[Resolved, list[DoctorFinding]]:
-    """With the DeepSpeed SP backend Accelerate sets ``train_batch_size`` last, as micro x
-    accumulation x its ParallelismConfig's data-parallel size (``Accelerator._prepare_deepspeed``),
-    while DeepSpeed asserts it against world / SP ranks: a data-parallel size left at 1 under
-    fewer SP ranks than GPUs fails there."""
-    config = resolved.config
-    micro, accum = config.get("train_micro_batch_size_per_gpu"), config.get("gradient_accumulation_steps", 1)
-    if not isinstance(micro, int) or not isinstance(accum, int):
-        return resolved, []
-    dp = accelerate_data_parallel_size(trainer_args)
-    findings = []
-    if dp != data_parallel:
-        findings.append(
-            DoctorFinding(
-                "error",
-                "sequence-parallel-data-parallel",
-                f"Accelerate rewrites train_batch_size to micro {micro} x accumulation {accum} x its "
-                f"ParallelismConfig data-parallel size {dp} (dp_replicate_size x dp_shard_size; "
-                "Accelerator._prepare_deepspeed), but DeepSpeed asserts it against "
-                f"{data_parallel} data-parallel ranks (GPUs / sp_size)",
-                f"set parallelism_config.dp_shard_size to {data_parallel} in the training arguments "
-                f"(PARALLELISM_CONFIG_DP_SHARD_SIZE={data_parallel})",
-            )
-        )
-    rewritten = with_changes(config, {"train_batch_size": micro * accum * dp})
-    return replace(resolved, config=rewritten), findings
-
-
-def _validate(config: dict[str, Any], spec: Spec, r: _Resolution) -> _Validation:
-    """The validator's findings, DeepSpeed's batch assertion quoted, and the batch to price."""
-    report = _run_validator(config, r.resolved, r.parallel, spec.training.deepspeed_version)
-    batch = r.batch
-    findings = [
-        DoctorFinding(f.severity, f.rule_id, f.message, f.hint)
-        for f in report.findings
-        # the batch-assertion finding below quotes DeepSpeed's own message
-        if not (f.rule_id == "batch-mismatch" and not batch.ok)
-    ]
-    base_changes: dict[str, Any] = {}
-    priced_batch = batch
-    if not batch.ok:
-        consistent = ", ".join(" / ".join(f"{k}={v}" for k, v in option.items()) for option in batch.consistent)
-        sp = r.parallel.sequence_parallel
-        findings.append(
-            DoctorFinding(
-                "error",
-                "batch-assertion",
-                f"DeepSpeedConfig raises: {batch.error} (world size {r.parallel.world_size}"
-                + (f" / sequence_parallel_size {sp}" if sp > 1 else "")
-                + ")",
-                f"consistent values: {consistent}" if consistent else "give train_micro_batch_size_per_gpu",
-            )
-        )
-        if batch.consistent:
-            option = batch.consistent[0]
-            base_changes = {k: v for k, v in option.items() if k in config and config[k] != v and config[k] != "auto"}
-            priced_batch = Batch(
-                option["train_batch_size"],
-                option["train_micro_batch_size_per_gpu"],
-                option["gradient_accumulation_steps"],
-                batch.world,
-            )
-    global_batch = priced_batch.train_batch_size
-    spec_batch = spec.training.global_batch_size
-    if global_batch is not None and spec_batch is not None and spec_batch != global_batch:
-        findings.append(
-            DoctorFinding(
-                "info",
-                "spec-batch",
-                f"the spec asks for a global batch of {spec_batch}; the config runs {global_batch}",
-            )
-        )
-    return _Validation(report, priced_batch, base_changes, tuple(findings))
-
-
-def _price(spec: Spec, trainer_args: Mapping[str, Any] | None, r: _Resolution, v: _Validation) -> _Pricing:
-    """The config as a plan, priced by the solver's own models, and its calibrated verdict
-    (``invalid`` when an earlier step found an error, or there is no batch DeepSpeed accepts)."""
-    findings: list[DoctorFinding] = []
-    mode, mode_source, mode_note = _checkpointing(spec, trainer_args)
-    if mode_note:
-        assumed = mode_source == "assumed"
-        findings.append(
-            DoctorFinding(
-                "warning",
-                "checkpointing-assumed" if assumed else "spec-pin",
-                mode_note,
-                "set constraints.activation_checkpointing in the spec" if assumed else None,
-            )
-        )
-    config_plan: ConfigPlan | None = None
     evaluation: Evaluation | None = None
-    if v.priced_batch.ok or v.base_changes:
-        source = r.resolved.config if not v.base_changes else with_changes(r.resolved.config, v.base_changes)
-        config_plan = config_to_plan(source, spec, v.priced_batch, r.parallel, mode, mode_source)
-        for note in config_plan.notes:
-            pinned = note.startswith("the spec pins")
-            findings.append(
-                DoctorFinding("warning" if pinned else "info", "spec-pin" if pinned else "config-note", note)
-            )
-        findings += _tricks_assumed(spec, config_plan.plan)
-        evaluation = evaluate(spec, config_plan.plan)
-        for code, message, hint in evaluation_notes(trainer_args or {}, evaluation, spec):
+    if plan is not None:
+        evaluation = evaluate(spec, plan)
+        trainer_args = reading.trainer_args or {}
+        for code, message, hint in evaluation_notes(trainer_args, evaluation, spec):
             findings.append(DoctorFinding("warning", code, message, hint))
-        for severity, code, message, hint in objective_batch_notes(spec, config_plan.plan, trainer_args or {}):
+        for severity, code, message, hint in objective_batch_notes(spec, plan, trainer_args):
             findings.append(DoctorFinding(severity, code, message, hint))
-    refused = any(f.severity == "error" for f in (*r.findings, *v.findings, *findings))
+    refused = reading.refused or any(f.severity == "error" for f in findings)
     if evaluation is None or refused:
         fill = evaluation.fit.fill if evaluation is not None else None
         fit = invalid(fill)
@@ -497,7 +190,7 @@ def _price(spec: Spec, trainer_args: Mapping[str, Any] | None, r: _Resolution, v
         fit = evaluation.fit
     dominant = _dominant(evaluation) if evaluation is not None else None
     findings += _memory_findings(spec, evaluation, fit, dominant)
-    return _Pricing(config_plan, evaluation, fit, dominant, tuple(findings))
+    return _Pricing(evaluation, fit, dominant, tuple(findings))
 
 
 def _gathered_save_hint(evaluation: Evaluation) -> str | None:
@@ -584,39 +277,21 @@ def _memory_findings(
     return findings
 
 
-def _fix(
-    config: dict[str, Any],
-    spec: Spec,
-    trainer_args: Mapping[str, Any] | None,
-    r: _Resolution,
-    v: _Validation,
-    p: _Pricing,
-    world: int,
-    limit: int,
-) -> tuple[Fix, ...]:
+def _fix(reading: RunReading, p: _Pricing, limit: int) -> tuple[Fix, ...]:
     """Fixes from the solver's search, for a config that is tight, out of memory or needs its
     batch corrected; nothing for one that fits."""
-    if p.config_plan is None or p.evaluation is None or limit <= 0:
+    if reading.plan is None or p.evaluation is None or limit <= 0:
         return ()
     needs_fix = p.fit.verdict in ("tight", "oom", "host-oom") or not p.evaluation.feasible
-    if not needs_fix and not v.base_changes:
+    if not needs_fix and not reading.base_changes:
         return ()
-    return _fixes(config, p.config_plan.plan, spec, v.base_changes, trainer_args, r.assumptions, world, limit)
+    return _fixes(reading, reading.plan, limit)
 
 
-def _report(
-    config: dict[str, Any],
-    spec: Spec,
-    world: int,
-    r: _Resolution,
-    v: _Validation,
-    p: _Pricing,
-    fixes: tuple[Fix, ...],
-    earlier: tuple[DoctorFinding, ...],
-    oom_message: OomMessage | None,
-) -> Diagnosis:
+def _report(reading: RunReading, p: _Pricing, fixes: tuple[Fix, ...], oom_message: OomMessage | None) -> Diagnosis:
     """The Diagnosis, with the out-of-memory message read against the prediction."""
-    findings = list(earlier)
+    findings = [*reading.findings, *p.findings]
+    spec = reading.spec
     oom = read_oom(oom_message, spec, p.evaluation) if oom_message is not None and p.evaluation is not None else None
     if oom_message is not None and p.evaluation is None:
         findings.append(
@@ -630,13 +305,13 @@ def _report(
         fit=p.fit,
         headroom_met=p.evaluation is not None and p.evaluation.feasible,
         spec=spec,
-        world_size=world,
-        config=config,
-        resolved=r.resolved,
-        parallel=r.parallel,
-        batch=r.batch,
-        validation=v.report,
-        config_plan=p.config_plan,
+        world_size=reading.world_size,
+        config=reading.config,
+        resolved=reading.resolved,
+        parallel=reading.parallel,
+        batch=reading.batch,
+        validation=reading.validation,
+        config_plan=reading.config_plan,
         evaluation=p.evaluation,
         dominant=p.dominant,
         findings=tuple(findings),
@@ -677,56 +352,42 @@ def _fix_spec(spec: Spec, plan: Plan) -> Spec:
     return replace(spec, training=training, constraints=constraints)
 
 
-def _fixes(
-    config: dict[str, Any],
-    plan: Plan,
-    spec: Spec,
-    base_changes: Mapping[str, Any],
-    trainer_args: Mapping[str, Any] | None,
-    assumptions: Mapping[str, Any],
-    world: int,
-    limit: int,
-) -> tuple[Fix, ...]:
+def _fixes(reading: RunReading, plan: Plan, limit: int) -> tuple[Fix, ...]:
     """Fixes from the solver's ranked plans on top of any batch correction; each fixed config is
-    read back as the doctor reads any config and must validate cleanly and fit."""
-    base = with_changes(config, base_changes)
-    trainer = trainer_args is not None or bool(auto_keys(config))
+    read back as the doctor reads any config (:func:`dsgen.doctor.reading.read_config`) and must
+    validate cleanly and fit."""
+    spec, trainer_args, world = reading.search_spec, reading.trainer_args, reading.world_size
+    base_changes = reading.base_changes
+    base = with_changes(reading.config, base_changes)
+    trainer = trainer_args is not None or bool(auto_keys(reading.config))
 
-    def read(fixed: dict[str, Any], micro: int, accum: int) -> tuple[Resolved, Parallel, Batch] | None:
+    def read(fixed: dict[str, Any], micro: int, accum: int) -> ConfigReading | None:
         args = (
             trainer_args
             if trainer_args is None
             else {**trainer_args, "per_device_train_batch_size": micro, "gradient_accumulation_steps": accum}
         )
-        batch_assumptions = {**assumptions, "per_device_train_batch_size": micro, "gradient_accumulation_steps": accum}
-        resolved = resolve(
-            fixed,
-            trainer_args=args,
-            assumptions=batch_assumptions,
-            world_size=world,
-            hidden_size=spec.model.hidden_size,
-        )
-        trainer_sp = trainer_sp_size(trainer_args)
-        if trainer_sp is not None and trainer_sp > 1:
-            resolved, _ = _accelerate_batch_rewrite(resolved, args, world // trainer_sp)
-        parallel = parallel_of(resolved.config, world, trainer_sp)
-        derived = derive(resolved.config, parallel)
+        stand_ins = {**reading.assumptions, "per_device_train_batch_size": micro, "gradient_accumulation_steps": accum}
+        fixed_reading = read_config(fixed, spec, world, args, stand_ins)
+        derived = fixed_reading.batch
         # DeepSpeed must end up with exactly this split, so the global batch is kept
         same_split = derived.micro_batch_size == micro and derived.gradient_accumulation_steps == accum
         ok = (
             derived.ok
             and same_split
-            and not resolved.mismatches
-            and _run_validator(fixed, resolved, parallel, spec.training.deepspeed_version).ok
+            and not fixed_reading.resolved.mismatches
+            and run_validator(fixed, fixed_reading, spec.training.deepspeed_version).ok
         )
-        return (resolved, parallel, derived) if ok else None
+        return fixed_reading if ok else None
 
     def price_at(headroom: float, fixed: dict[str, Any], target: Plan) -> Evaluation | None:
-        reading = read(fixed, target.micro_batch_size, target.gradient_accumulation_steps)
-        if reading is None:
+        fixed_reading = read(fixed, target.micro_batch_size, target.gradient_accumulation_steps)
+        if fixed_reading is None:
             return None
-        resolved, parallel, derived = reading
-        fixed_plan = config_to_plan(resolved.config, spec, derived, parallel, target.checkpointing, "fix").plan
+        resolved = fixed_reading.resolved
+        fixed_plan = config_to_plan(
+            resolved.config, spec, fixed_reading.batch, fixed_reading.parallel, target.checkpointing, "fix"
+        ).plan
         return evaluate(_with_headroom(with_run_optimizer(spec, resolved.config, trainer_args), headroom), fixed_plan)
 
     prefix = tuple(base_changes.items())
@@ -737,7 +398,7 @@ def _fixes(
     # ZeRO shards across (sequence, tensor or pipeline ranks are priced as the doctor prices them).
     own = spec.constraints.memory_headroom
     for headroom in sorted({max(own, 1 - SAFE_LINE), own}, reverse=True):
-        search = _fix_spec(_with_headroom(_spec_at(spec, plan.data_parallel_size), headroom), plan)
+        search = _fix_spec(_with_headroom(spec_at(spec, plan.data_parallel_size), headroom), plan)
         fixes = find_fixes(base, plan, solve(search).ranked, spec, partial(price_at, headroom), trainer, limit)
         if fixes:
             break
