@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from dsgen.spec.types import Spec
     from dsgen.starter import StarterOptions, write_starter_spec
     from dsgen.sweep_output import Progress, SweepResult
+    from dsgen.target_difference import TargetDifference
     from dsgen.targets.bundle import Bundle
     from dsgen.vocabulary import Accounting
 
@@ -37,7 +38,9 @@ __all__ = [
     "render_bundle",
     "render_plan",
     "run_sweep_to",
+    "solve_for_target",
     "solve_spec",
+    "spec_for_target",
     "write_starter_spec",
 ]
 
@@ -96,6 +99,31 @@ def solve_spec(spec: Spec, accounting: Accounting = "dsgen") -> SolveResult:
     from dsgen.solver import solve
 
     return solve(spec, accounting)
+
+
+def spec_for_target(spec: Spec, target: str | None, launcher: str | None = None) -> Spec:
+    """``spec`` priced for ``target`` (``--target``; None: the spec's own ``output.target``): the
+    target's training loop is part of what is priced, so ``solve``, ``explain``, ``frontier`` and
+    ``new`` given the same target price the same plan. A bad target or launcher raises DsgenError."""
+    from dsgen.target_difference import with_target
+    from dsgen.targets.bundle import resolve
+
+    chosen, _ = resolve(spec, target, launcher)
+    return with_target(spec, chosen)
+
+
+def solve_for_target(
+    spec: Spec, target: str | None, accounting: Accounting = "dsgen"
+) -> tuple[SolveResult, TargetDifference | None]:
+    """:func:`solve_spec` for ``target``, and, when the target changes the plan the spec's own
+    target would run, why (:func:`dsgen.target_difference.target_difference`)."""
+    from dsgen.target_difference import target_difference
+
+    priced = spec_for_target(spec, target)
+    result = solve_spec(priced, accounting)
+    if priced.output.target == spec.output.target:
+        return result, None
+    return result, target_difference(solve_spec(spec, accounting), result)
 
 
 def render_plan(spec: Spec, plan: Plan, target: str | None = None) -> Rendered:
@@ -239,8 +267,7 @@ def build_bundle(
 
     spec = load_spec(path, overrides)
     chosen, how = resolve(spec, target, launcher)  # a bad choice fails before the solver runs
-    if chosen != spec.output.target:  # the target's training loop is part of what is priced
-        spec = replace(spec, output=replace(spec.output, target=chosen))
+    spec = spec_for_target(spec, chosen)
     result = solve_spec(spec, accounting)
     if allow_tight and not result.feasible and not result.fully_pinned:
         # below capacity is what a tight plan must meet: search again with no headroom

@@ -42,6 +42,14 @@ def frontier(
         list[str] | None,
         typer.Option("--set", "-s", help="Override a spec key (repeatable).", metavar="KEY=VALUE"),
     ] = None,
+    target: Annotated[
+        str | None,
+        typer.Option(
+            "--target",
+            help="Price every point for this target's training loop, as `dsgen new --target` does (default: output.target).",
+            metavar="TARGET",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     plot: Annotated[
         Path | None,
@@ -50,11 +58,11 @@ def frontier(
 ) -> None:
     """Find the largest sequence length (or micro-batch) that fits, by bisection over the solver.
     Exit 3 when not even the smallest value fits on any GPU count."""
-    from dsgen.api import frontier_of, load_spec
+    from dsgen.api import frontier_of, load_spec, spec_for_target
     from dsgen.frontier_report import frontier_dict, frontier_table, write_plot
 
     counts = _gpu_counts(gpus) if gpus is not None else None
-    points = frontier_of(load_spec(spec_file, overrides or []), over.value, counts)
+    points = frontier_of(spec_for_target(load_spec(spec_file, overrides or []), target), over.value, counts)
     if plot is not None:
         write_plot(points, over.value, plot)
     if as_json:

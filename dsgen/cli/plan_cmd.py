@@ -24,6 +24,15 @@ SetOpt = Annotated[
         metavar="KEY=VALUE",
     ),
 ]
+TargetOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--target",
+        help="Price the plan for this target's training loop, as `dsgen new --target` does: deepspeed, "
+        "hf-trainer, accelerate or lightning (default: output.target).",
+        metavar="TARGET",
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (the output contract) instead of text.")]
 
 
@@ -142,21 +151,28 @@ def solve(
     as_json: JsonOpt = False,
     top: Annotated[int, typer.Option("--top", min=0, help="Also list the N fastest feasible plans.", metavar="N")] = 0,
     accounting: AccountingOpt = Accounting.dsgen,
+    target: TargetOpt = None,
 ) -> None:
     """Solve the spec and report the plan; nothing is written. Exit 3 when nothing fits."""
-    from dsgen.api import load_spec, solve_spec
+    from dsgen.api import load_spec, solve_for_target
     from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
     from dsgen.report import evaluation_dict, human_summary, ranked_table, result_dict
+    from dsgen.target_difference import difference_dict
 
-    result = solve_spec(load_spec(spec_file, overrides or []), accounting.value)
+    result, difference = solve_for_target(load_spec(spec_file, overrides or []), target, accounting.value)
     if as_json:
         body = result_dict(result)
+        if target is not None:
+            body["target"] = result.spec.output.target
+            body["target_difference"] = difference_dict(difference)
         if top:
             body["ranked"] = [evaluation_dict(e, result.spec) for e in result.ranked[:top]]
             body["tie_band"] = STEP_TIME_TIE_BAND  # relative step-time difference ranked as a tie
         typer.echo(json.dumps(body, indent=2))
     else:
         typer.echo(human_summary(result))
+        if difference is not None:
+            typer.echo(f"target    {difference.sentence()}")
         for alt in result.alternatives:
             typer.echo(f"  ZeRO-{alt.zero_stage}: {alt.reason}")
         if top:
@@ -166,13 +182,21 @@ def solve(
         raise typer.Exit(int(ExitCode.INFEASIBLE))
 
 
-def explain(spec_file: SpecArg, overrides: SetOpt = None, accounting: AccountingOpt = Accounting.dsgen) -> None:
+def explain(
+    spec_file: SpecArg,
+    overrides: SetOpt = None,
+    accounting: AccountingOpt = Accounting.dsgen,
+    target: TargetOpt = None,
+) -> None:
     """Explain the chosen plan: memory per term, step-time split, and why other choices lost."""
-    from dsgen.api import load_spec, solve_spec
+    from dsgen.api import load_spec, solve_for_target
     from dsgen.report import explanation
 
-    result = solve_spec(load_spec(spec_file, overrides or []), accounting.value)
+    result, difference = solve_for_target(load_spec(spec_file, overrides or []), target, accounting.value)
     typer.echo(explanation(result))
+    if difference is not None:
+        typer.echo("")
+        typer.echo(f"target: {difference.sentence()}")
     if not result.feasible:
         raise typer.Exit(int(ExitCode.INFEASIBLE))
 
