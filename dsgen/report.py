@@ -50,6 +50,7 @@ def memory_dict(e: Evaluation) -> dict[str, Any]:
             "gradients_by_phase": {"forward_backward": gpu.backward_gradients, "optimizer_step": gpu.step_gradients},
             **{term: int(getattr(gpu, term)) for term in METHOD_GPU_TERMS},
             "generation_phase": gpu.generation_phase,
+            "phase_terms": {phase: gpu.phase_terms(phase) for phase in gpu.phases},
         },
         "cpu": {
             "total": e.memory.cpu.total,

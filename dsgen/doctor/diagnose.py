@@ -28,7 +28,6 @@ from dsgen.doctor.reading import ConfigReading, RunReading, read_config, read_ru
 from dsgen.doctor.run_optimizer import with_run_optimizer
 from dsgen.errors import ExitCode
 from dsgen.estimate.kernel_limits import KERNEL_LIMIT_HINT
-from dsgen.estimate.memory import HELD_BESIDE_TERMS, GpuMemory
 from dsgen.evaluation import Evaluation, evaluate
 from dsgen.plan import Plan
 from dsgen.report import PHASE_LABELS
@@ -38,44 +37,6 @@ from dsgen.units import gib
 from dsgen.validate import Report
 from dsgen.verdict import SAFE_LINE, FitVerdict, invalid
 from dsgen.vocabulary import StepPhase
-
-PHASE_TERMS = {
-    "forward_backward": (
-        "parameters",
-        "backward_gradients",
-        "optimizer_states",
-        "activations",
-        "buffers",
-        "transient",
-        "overhead",
-        *HELD_BESIDE_TERMS,
-    ),
-    "optimizer_step": (
-        "parameters",
-        "step_gradients",
-        "optimizer_states",
-        "step_buffers",
-        "step_temporary",
-        "step_overhead",
-        *HELD_BESIDE_TERMS,
-    ),
-    "generation": (
-        "parameters",
-        "optimizer_states",
-        "step_buffers",
-        "step_overhead",
-        "generation",
-        "generation_gather",
-        *HELD_BESIDE_TERMS,
-    ),
-}
-TERM_NAMES = {
-    "backward_gradients": "gradients",
-    "step_gradients": "gradients",
-    "step_buffers": "buffers",
-    "step_temporary": "transient",
-    "step_overhead": "overhead",
-}
 
 
 @dataclass(frozen=True)
@@ -124,15 +85,10 @@ class Diagnosis:
         return ExitCode.OK
 
 
-def phase_terms(gpu: GpuMemory, phase: StepPhase) -> dict[str, int]:
-    """The terms one phase sums, by the names the reports print (``step_gradients`` as ``gradients``)."""
-    return {TERM_NAMES.get(name, name): int(getattr(gpu, name)) for name in PHASE_TERMS[phase]}
-
-
 def _dominant(evaluation: Evaluation) -> Dominant:
     gpu = evaluation.memory.gpu
     phase = gpu.peak_phase
-    terms = phase_terms(gpu, phase)
+    terms = gpu.phase_terms(phase)
     name = max(terms, key=lambda t: terms[t])
     total = {"forward_backward": gpu.forward_backward, "optimizer_step": gpu.optimizer_step}.get(
         phase, gpu.generation_phase

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from dsgen.doctor.diagnose import Diagnosis, phase_terms
+from dsgen.doctor.diagnose import Diagnosis
 from dsgen.doctor.fixes import current_value
 from dsgen.estimate.memory import HELD_BESIDE_TERMS
 from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
@@ -143,7 +143,7 @@ def human(d: Diagnosis) -> str:
         lines.append("")
         lines.append(f"GPU memory per rank (capacity {gib(gpu.capacity)}, usable {gib(e.usable_gpu_bytes)}):")
         lines.append(f"  {'term':<17} {'fwd/bwd':>10} {'opt step':>10}")
-        fb_values, step_values = (phase_terms(gpu, phase) for phase in ("forward_backward", "optimizer_step"))
+        fb_values, step_values = (gpu.phase_terms(phase) for phase in ("forward_backward", "optimizer_step"))
         shown = (*GPU_TERMS, *(t for t in HELD_BESIDE_TERMS if fb_values.get(t) or step_values.get(t)))
         for term in shown:
             lines.append(f"  {term:<17} {gib(fb_values.get(term, 0)):>10} {gib(step_values.get(term, 0)):>10}")

@@ -38,6 +38,48 @@ HOST_RESERVE = 0.10  # share of host RAM left for the OS, page cache and data lo
 #: The GpuMemory terms every phase holds beside the trained model states (fine-tuning, objectives).
 HELD_BESIDE_TERMS = ("frozen_parameters", "reference_model", "value_model", "vllm_reserved")
 
+#: The GpuMemory terms each phase of a step sums (its total is their sum: GpuMemory.phase_total).
+PHASE_TERMS: dict[StepPhase, tuple[str, ...]] = {
+    "forward_backward": (
+        "parameters",
+        "backward_gradients",
+        "optimizer_states",
+        "activations",
+        "buffers",
+        "transient",
+        "overhead",
+        *HELD_BESIDE_TERMS,
+    ),
+    "optimizer_step": (
+        "parameters",
+        "step_gradients",
+        "optimizer_states",
+        "step_buffers",
+        "step_temporary",
+        "step_overhead",
+        *HELD_BESIDE_TERMS,
+    ),
+    "generation": (
+        "parameters",
+        "optimizer_states",
+        "step_buffers",
+        "step_overhead",
+        "generation",
+        "generation_gather",
+        *HELD_BESIDE_TERMS,
+    ),
+}
+#: The phases every step has (GRPO and PPO add generation).
+PHASE_ORDER: tuple[StepPhase, ...] = ("forward_backward", "optimizer_step")
+#: The names reports print for a phase's own variant of a term (both phases hold "gradients").
+TERM_NAMES = {
+    "backward_gradients": "gradients",
+    "step_gradients": "gradients",
+    "step_buffers": "buffers",
+    "step_temporary": "transient",
+    "step_overhead": "overhead",
+}
+
 
 @dataclass(frozen=True)  # one per candidate plan
 class GpuMemory:
@@ -87,30 +129,22 @@ class GpuMemory:
         other models, and vLLM's reserved share (:data:`HELD_BESIDE_TERMS`)."""
         return sum(getattr(self, term) for term in HELD_BESIDE_TERMS)
 
+    def phase_terms(self, phase: StepPhase) -> dict[str, int]:
+        """The terms ``phase`` sums, by the names reports print (``step_gradients`` as ``gradients``)."""
+        return {TERM_NAMES.get(name, name): int(getattr(self, name)) for name in PHASE_TERMS[phase]}
+
+    @property
+    def phases(self) -> tuple[StepPhase, ...]:
+        """The phases this step has: generation only for GRPO/PPO."""
+        return ("forward_backward", "optimizer_step", "generation") if self.generates else PHASE_ORDER
+
     @property
     def forward_backward(self) -> int:
-        return (
-            self.held_beside
-            + self.parameters
-            + self.backward_gradients
-            + self.optimizer_states
-            + self.activations
-            + self.buffers
-            + self.transient
-            + self.overhead
-        )
+        return sum(getattr(self, name) for name in PHASE_TERMS["forward_backward"])
 
     @property
     def optimizer_step(self) -> int:
-        return (
-            self.held_beside
-            + self.parameters
-            + self.step_gradients
-            + self.optimizer_states
-            + self.step_buffers
-            + self.step_temporary
-            + self.step_overhead
-        )
+        return sum(getattr(self, name) for name in PHASE_TERMS["optimizer_step"])
 
     @property
     def generation_phase(self) -> int:
@@ -119,15 +153,7 @@ class GpuMemory:
         the whole gathered model; no activations or gradients are alive."""
         if not self.generates:
             return 0
-        return (
-            self.held_beside
-            + self.parameters
-            + self.optimizer_states
-            + self.step_buffers
-            + self.step_overhead
-            + self.generation
-            + self.generation_gather
-        )
+        return sum(getattr(self, name) for name in PHASE_TERMS["generation"])
 
     @property
     def total(self) -> int:
