@@ -17,7 +17,6 @@ from dsgen.spec.types import Spec
 from dsgen.targets.long_context import attention_note, liger_note, long_context_notes
 from dsgen.text_table import text_table
 from dsgen.units import GIB, format_count, gib
-from dsgen.verdict import SAFE_LINE
 from dsgen.vocabulary import StepPhase
 
 PHASE_LABELS: dict[StepPhase, str] = {
@@ -125,6 +124,7 @@ def result_dict(result: SolveResult) -> dict[str, Any]:
     shown = result.best if result.best is not None else result.closest
     assert shown is not None
     body = evaluation_dict(shown, spec)
+    body = {"verdict": body["verdict"], "summary": body["summary"], **body}  # the verdict leads
     body["feasible"] = result.feasible
     body["alternatives"] = [
         {
@@ -289,7 +289,9 @@ def human_summary(result: SolveResult) -> str:
     e = result.best if result.best is not None else result.closest
     assert e is not None
     p = e.plan
-    lines = []
+    lines = [f"verdict   {e.fit.summary}"]
+    if e.fit.evidence:
+        lines.append(f"          {e.fit.evidence}")
     for note in (*spec.notes, *([result.batch_note] if result.batch_note else [])):
         lines.append(f"note      {note}")
     lines += [
@@ -328,10 +330,6 @@ def human_summary(result: SolveResult) -> str:
         + (f", generation {e.step.generation_s:.3f}" if e.step.generation_s else "")
         + f"); {e.tokens_per_s:,.0f} tokens/s"
     )
-    fit = e.fit
-    lines.append(f"verdict   {fit.verdict} ({fit.fill:.0%} of GPU capacity; safe line {SAFE_LINE:.0%})")
-    if fit.evidence:
-        lines.append(f"          {fit.evidence}")
     if not e.feasible:
         lines.append(f"DOES NOT FIT: {e.reason()}")
     return "\n".join(lines)

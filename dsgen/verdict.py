@@ -164,6 +164,31 @@ class FitVerdict:
         parts.append(f"read against {governing.corpus} ({against}): likely {outcome}")
         return "; ".join(parts)
 
+    @property
+    def summary(self) -> str:
+        """The verdict in one sentence with its evidence, what every command leads with."""
+        band = self.governing_band
+        if self.verdict == "host-oom":
+            return "host-oom: the node's host RAM or NVMe is short of what the run needs"
+        if self.verdict == "invalid":
+            return "invalid: DeepSpeed or the HF Trainer refuses this config"
+        assert band is not None
+        where = f"predicted at {self.fill:.0%} of GPU memory"
+        if self.verdict == "fits":
+            trained = band.runs - band.gpu_oom
+            return (
+                f"fits: {where}, at or below the {SAFE_LINE:.0%} safe line, where {trained} of "
+                f"{band.runs} {band.runs_are} trained"
+            )
+        if self.verdict == "tight":
+            return (
+                f"tight: {where}, above the {SAFE_LINE:.0%} safe line, where {band.gpu_oom} of "
+                f"{band.runs} {band.runs_are} ran out of GPU memory"
+            )
+        return (
+            f"oom: {where}, above capacity, where {band.gpu_oom} of {band.runs} {band.runs_are} ran out of GPU memory"
+        )
+
     def as_dict(self) -> dict[str, object]:
         """The JSON every command carries: ``verdict``, ``fill`` and the band's edges (and, for a
         long-context plan, the long-context corpus's counts in the same band)."""
@@ -176,6 +201,7 @@ class FitVerdict:
             "safe_line": round(SAFE_LINE, 4),
             "likely": self.likely,
             "evidence": self.evidence,
+            "summary": self.summary,
         }
 
 
