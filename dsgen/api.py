@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from dsgen.sweep_output import Progress, SweepResult
     from dsgen.target_difference import TargetDifference
     from dsgen.targets.bundle import Bundle
+    from dsgen.validate.method import TrainingMethod
     from dsgen.vocabulary import Accounting
 
 __all__ = [
@@ -33,14 +34,18 @@ __all__ = [
     "build_bundle",
     "build_config",
     "doctor",
+    "explain_report",
     "frontier_of",
+    "frontier_report",
     "load_spec",
     "render_bundle",
     "render_plan",
     "run_sweep_to",
     "solve_for_target",
+    "solve_json",
     "solve_spec",
     "spec_for_target",
+    "training_method",
     "write_starter_spec",
 ]
 
@@ -84,6 +89,16 @@ def load_spec(
     return loader.load_spec(source, overrides)
 
 
+def training_method(spec: str | Path | Mapping[str, Any] | Spec) -> TrainingMethod:
+    """The training method of a spec (a loaded one, a YAML file or a mapping), for
+    ``validate_config(..., method=...)``: what ``dsgen validate --spec`` checks the config against.
+    A spec that does not load raises DsgenError (exit 2)."""
+    from dsgen.spec.types import Spec
+    from dsgen.validate.method import TrainingMethod
+
+    return TrainingMethod.from_spec(spec if isinstance(spec, Spec) else load_spec(spec))
+
+
 def _plain(value: Any) -> Any:
     """A deep copy of ``value`` as YAML would have produced it: dicts and lists, not other containers."""
     if isinstance(value, Mapping):
@@ -105,6 +120,8 @@ def spec_for_target(spec: Spec, target: str | None, launcher: str | None = None)
     """``spec`` priced for ``target`` (``--target``; None: the spec's own ``output.target``): the
     target's training loop is part of what is priced, so ``solve``, ``explain``, ``frontier`` and
     ``new`` given the same target price the same plan. A bad target or launcher raises DsgenError."""
+    if target is None and launcher is None:
+        return spec  # the spec's own target, already checked by the loader
     from dsgen.target_difference import with_target
     from dsgen.targets.bundle import resolve
 
@@ -124,6 +141,48 @@ def solve_for_target(
     if priced.output.target == spec.output.target:
         return result, None
     return result, target_difference(solve_spec(spec, accounting), result)
+
+
+def solve_json(result: SolveResult, difference: TargetDifference | None, *, target_given: bool) -> dict[str, Any]:
+    """``dsgen solve --json``'s object: the result, and with ``--target`` the target and why it
+    changed the plan."""
+    from dsgen.report import result_dict
+    from dsgen.target_difference import difference_dict
+
+    body = result_dict(result)
+    if target_given:
+        body["target"] = result.spec.output.target
+        body["target_difference"] = difference_dict(difference)
+    return body
+
+
+def explain_report(
+    result: SolveResult,
+    difference: TargetDifference | None,
+    explanation: str,
+    spec_name: str,
+    path: str | Path,
+    *,
+    target_given: bool,
+) -> None:
+    """Write ``dsgen explain --html``'s page to ``path`` (whole, or not at all)."""
+    from dsgen.html.explain_page import explain_page
+    from dsgen.output import write_atomic
+
+    page = explain_page(solve_json(result, difference, target_given=target_given), explanation, spec_name)
+    write_atomic(Path(path), page, force=True)
+
+
+def frontier_report(points: list[FrontierPoint], over: str, spec_name: str, path: str | Path) -> None:
+    """Write ``dsgen frontier --html``'s page to ``path`` (whole, or not at all)."""
+    from dsgen.frontier_report import frontier_dict
+    from dsgen.html.frontier_page import frontier_page
+    from dsgen.output import write_atomic
+
+    spec = points[0].result.spec
+    body = frontier_dict(points, over, with_points=True)  # type: ignore[arg-type]
+    page = frontier_page(body, spec_name, spec.model.name, spec.hardware.gpu.name)
+    write_atomic(Path(path), page, force=True)
 
 
 def render_plan(spec: Spec, plan: Plan, target: str | None = None) -> Rendered:

@@ -46,11 +46,14 @@ _WIDE_FORMAT = re.compile(r"[%:][^%{}:]*?\d{4}")
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]*$")
 MANIFEST_JSONL = "manifest.jsonl"
 MANIFEST_CSV = "manifest.csv"
+REPORT_HTML = "report.html"  # the sweep's HTML report (dsgen.html.sweep_page)
 SUBMIT_SCRIPT = "submit.sh"  # Slurm: one sbatch --array per resource shape (dsgen.sweep_submit)
 ARRAY_SCRIPT = "array.sh"  # Slurm: the job script of those arrays
 KUSTOMIZATION = "kustomization.yaml"  # Kubernetes: every run's manifests
 #: Names a run directory may not take: the files dsgen writes beside the run directories.
-RESERVED_NAMES = frozenset({MANIFEST_JSONL, MANIFEST_CSV, MARKER, SUBMIT_SCRIPT, ARRAY_SCRIPT, KUSTOMIZATION})
+RESERVED_NAMES = frozenset(
+    {MANIFEST_JSONL, MANIFEST_CSV, REPORT_HTML, MARKER, SUBMIT_SCRIPT, ARRAY_SCRIPT, KUSTOMIZATION}
+)
 
 
 class _TemplateLimit(Exception):

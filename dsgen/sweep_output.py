@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dsgen.errors import DsgenError
-from dsgen.name_template import MANIFEST_CSV, MANIFEST_JSONL
+from dsgen.name_template import MANIFEST_CSV, MANIFEST_JSONL, REPORT_HTML
 from dsgen.output import cannot_write, check_directory_destination, publish_directory
 from dsgen.sweep import MAX_RUNS, Outcome, Sweep, load_sweep, manifest_row, run_sweep
 from dsgen.targets import LAUNCH_FILE
@@ -153,6 +153,9 @@ def write_sweep(
         rows.append(manifest_row(sweep, outcome, written))
     files[MANIFEST_JSONL] = manifest_jsonl(rows)
     files[MANIFEST_CSV] = manifest_csv(rows, sweep.varied_keys)
+    from dsgen.html.sweep_page import sweep_page
+
+    files[REPORT_HTML] = sweep_page(rows, sweep.varied_keys, file.name)
     from dsgen.sweep_submit import submission_files
 
     submission = submission_files(outcomes, max_parallel)

@@ -119,7 +119,7 @@ def test_published_directory_lists_what_dsgen_wrote(tmp_path: Path, capsys) -> N
     assert run_cli(["sweep", str(write(tmp_path)), "-o", str(out)], capsys).exit_code == 0
     on_disk = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and p.name != ".dsgen-output")
     assert json.loads((out / ".dsgen-output").read_text()) == on_disk
-    assert len(on_disk) == 8 + 2  # one config per run, two manifests
+    assert len(on_disk) == 8 + 3  # one config per run, two manifests, the HTML report
 
 
 def test_api_writes_the_same_directory_as_the_cli(tmp_path: Path, capsys) -> None:

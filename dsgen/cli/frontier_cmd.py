@@ -50,6 +50,12 @@ def frontier(
             metavar="TARGET",
         ),
     ] = None,
+    html: Annotated[
+        Path | None,
+        typer.Option(
+            "--html", help="Also write the curve and each point's plan as one self-contained HTML page.", metavar="FILE"
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     plot: Annotated[
         Path | None,
@@ -58,19 +64,22 @@ def frontier(
 ) -> None:
     """Find the largest sequence length (or micro-batch) that fits, by bisection over the solver.
     Exit 3 when not even the smallest value fits on any GPU count."""
-    from dsgen.api import frontier_of, load_spec, spec_for_target
+    from dsgen.api import frontier_of, frontier_report, load_spec, spec_for_target
     from dsgen.frontier_report import frontier_dict, frontier_table, write_plot
 
     counts = _gpu_counts(gpus) if gpus is not None else None
     points = frontier_of(spec_for_target(load_spec(spec_file, overrides or []), target), over.value, counts)
     if plot is not None:
         write_plot(points, over.value, plot)
+    if html is not None:
+        frontier_report(points, over.value, spec_file.name, html)
     if as_json:
         typer.echo(json.dumps(frontier_dict(points, over.value, with_points=counts is not None), indent=2))
     else:
         typer.echo(frontier_table(points, over.value))
-        if plot is not None:
-            typer.echo(f"wrote {plot}")
+        for written in (plot, html):
+            if written is not None:
+                typer.echo(f"wrote {written}")
     if all(point.value is None for point in points):
         raise typer.Exit(int(ExitCode.INFEASIBLE))
 

@@ -154,17 +154,13 @@ def solve(
     target: TargetOpt = None,
 ) -> None:
     """Solve the spec and report the plan; nothing is written. Exit 3 when nothing fits."""
-    from dsgen.api import load_spec, solve_for_target
+    from dsgen.api import load_spec, solve_for_target, solve_json
     from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
-    from dsgen.report import evaluation_dict, human_summary, ranked_table, result_dict
-    from dsgen.target_difference import difference_dict
+    from dsgen.report import evaluation_dict, human_summary, ranked_table
 
     result, difference = solve_for_target(load_spec(spec_file, overrides or []), target, accounting.value)
     if as_json:
-        body = result_dict(result)
-        if target is not None:
-            body["target"] = result.spec.output.target
-            body["target_difference"] = difference_dict(difference)
+        body = solve_json(result, difference, target_given=target is not None)
         if top:
             body["ranked"] = [evaluation_dict(e, result.spec) for e in result.ranked[:top]]
             body["tie_band"] = STEP_TIME_TIE_BAND  # relative step-time difference ranked as a tie
@@ -187,16 +183,28 @@ def explain(
     overrides: SetOpt = None,
     accounting: AccountingOpt = Accounting.dsgen,
     target: TargetOpt = None,
+    html: Annotated[
+        Path | None,
+        typer.Option(
+            "--html",
+            help="Also write the explanation as one self-contained HTML page (charts inline, no network).",
+            metavar="FILE",
+        ),
+    ] = None,
 ) -> None:
     """Explain the chosen plan: memory per term, step-time split, and why other choices lost."""
-    from dsgen.api import load_spec, solve_for_target
+    from dsgen.api import explain_report, load_spec, solve_for_target
     from dsgen.report import explanation
 
     result, difference = solve_for_target(load_spec(spec_file, overrides or []), target, accounting.value)
-    typer.echo(explanation(result))
+    text = explanation(result)
     if difference is not None:
-        typer.echo("")
-        typer.echo(f"target: {difference.sentence()}")
+        text += f"\n\ntarget: {difference.sentence()}"
+    if html is not None:
+        explain_report(result, difference, text, spec_file.name, html, target_given=target is not None)
+    typer.echo(text)
+    if html is not None:
+        typer.echo(f"wrote {html}")
     if not result.feasible:
         raise typer.Exit(int(ExitCode.INFEASIBLE))
 
