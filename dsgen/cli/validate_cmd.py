@@ -3,8 +3,8 @@
 Exit codes: 0 no errors (warnings allowed), 1 errors found, 2 bad input or usage (unreadable file,
 invalid JSON, bad option value). Never a traceback. Where the messages go:
 
-* usage errors (an unknown --format or --target, a bad --world-size, no files) stop the command
-  before any file is read: one ``error: ...`` line on stderr;
+* usage errors (an unknown --format or --target, a bad --world-size, no files, a --spec that
+  does not load) stop the command before any file is read: one ``error: ...`` line on stderr;
 * a file that cannot be read or parsed is part of the report, on stdout, in the chosen format (a
   line in the human report, ``load_error`` in JSON, an ``::error`` annotation for GitHub). With
   many files, one bad file must not hide the others' results, and ``--json`` readers must find
@@ -73,6 +73,15 @@ def validate(
         str, typer.Option("--format", help="Output format: human, json or github.", metavar="FORMAT")
     ] = "human",
     as_json: Annotated[bool, typer.Option("--json", help="Same as --format json.")] = False,
+    spec: Annotated[
+        Path | None,
+        typer.Option(
+            "--spec",
+            help="A dsgen spec whose training method (LoRA/QLoRA/freeze, objective, reference model, "
+            "generation) adds the fine-tuning rules.",
+            metavar="SPEC",
+        ),
+    ] = None,
 ) -> None:
     """Lint DeepSpeed configs: the full DeepSpeed schema plus the cross-field rules DeepSpeed misses."""
     from dsgen.deepspeed_release import normalize_version
@@ -93,11 +102,21 @@ def validate(
         raise _fail(str(exc)) from None
     if not files:
         raise _fail("no config files given")
+    method = None
+    if spec is not None:
+        from dsgen.api import training_method
+
+        try:
+            method = training_method(spec)
+        except DsgenError as exc:
+            raise _fail(exc.render()) from None
 
     results: list[FileResult] = []
     for path in files:
         try:
-            report = validate_file(path, world_size=world_size, target=target, deepspeed_version=version, strict=strict)
+            report = validate_file(
+                path, world_size=world_size, target=target, deepspeed_version=version, strict=strict, method=method
+            )
         except DsgenError as exc:
             text = exc.message + (f"\n    hint: {exc.hint}" if exc.hint else "")
             results.append(FileResult(str(path), error=text, error_line=getattr(exc, "line", None)))

@@ -12,6 +12,7 @@ from dsgen.errors import DsgenError
 from dsgen.jsontypes import json_type
 from dsgen.validate import schema_findings
 from dsgen.validate.findings import Finding, Report
+from dsgen.validate.method import TrainingMethod
 from dsgen.validate.rules import Context, run_rules
 from dsgen.validate.targets import check_target
 from dsgen.validate.versions import profile
@@ -29,6 +30,7 @@ def validate_config(
     strict: bool = False,
     source: str | None = None,
     positions: Mapping[str, tuple[int, int]] | None = None,
+    method: TrainingMethod | None = None,
 ) -> Report:
     """Validate an already-parsed DeepSpeed config.
 
@@ -39,6 +41,9 @@ def validate_config(
     accepts any size that makes the batch keys consistent. ``target`` names the launcher that
     fills ``"auto"`` values (``deepspeed``, ``hf-trainer`` or ``accelerate``). ``strict`` turns warnings into errors.
     ``positions`` maps JSON pointers to (line, column), as produced by :func:`validate_file`.
+    ``method`` (a :class:`TrainingMethod`: LoRA/QLoRA/freeze, objective, reference model, GRPO
+    generation) also runs the fine-tuning rules (:data:`dsgen.validate.rules.METHOD_RULES`);
+    without it they stay silent and the report is what it was before they existed.
     Bad settings raise :class:`DsgenError`; problems in the config never raise.
     """
     return _validate(
@@ -50,6 +55,7 @@ def validate_config(
         source=source,
         positions=positions,
         duplicates=(),
+        method=method,
     )
 
 
@@ -60,11 +66,13 @@ def validate_file(
     target: str = "deepspeed",
     deepspeed_version: str = "0.19",
     strict: bool = False,
+    method: TrainingMethod | None = None,
 ) -> Report:
     """Read a config file (comments and trailing commas allowed, as in DeepSpeed) and validate it.
 
     Unreadable or unparseable files raise :class:`DsgenError` whose message starts with
-    ``file:line:col``; duplicate keys become ``duplicate-key`` findings.
+    ``file:line:col``; duplicate keys become ``duplicate-key`` findings. ``method`` is
+    :func:`validate_config`'s.
     """
     from dsgen.validate import loader  # the file parser; validating a dict does not need it
 
@@ -78,6 +86,7 @@ def validate_file(
         source=str(path),
         positions=loaded.positions,
         duplicates=loaded.duplicates,
+        method=method,
     )
 
 
@@ -91,14 +100,20 @@ def _validate(
     source: str | None,
     positions: Mapping[str, tuple[int, int]] | None,
     duplicates: tuple[loader.Duplicate, ...] | list[loader.Duplicate],
+    method: TrainingMethod | None = None,
 ) -> Report:
     version, target = _check_settings(world_size, target, deepspeed_version)
+    if method is not None and not isinstance(method, TrainingMethod):
+        raise DsgenError(
+            f"method must be a TrainingMethod (dsgen.validate.TrainingMethod), got {type(method).__name__}"
+        )
     ctx = Context(
         config if isinstance(config, dict) else {},
         world_size=world_size,
         target=target,
         profile=profile(version),
         positions=positions,
+        method=method,
     )
     for dup in duplicates:
         name = dup.pointer[1:].replace("/", ".")

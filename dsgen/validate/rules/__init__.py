@@ -1,4 +1,5 @@
-"""Cross-field rules. Importing this package registers every rule in :data:`RULES`."""
+"""Cross-field rules. Importing this package registers every rule in :data:`RULES`, and the
+fine-tuning rules (which need a training method) in :data:`METHOD_RULES`."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ from functools import cache
 from dsgen.validate.rules import batch, keys, misc, optimizer, parallel, precision, zero  # noqa: F401
 from dsgen.validate.rules.catalogue import RULES, RuleInfo
 from dsgen.validate.rules.context import Context
+from dsgen.validate.rules.finetuning import METHOD_RULES, run_method_rules
 from dsgen.validate.rules.registry import CHECKS, Check
 from dsgen.validate.versions import profile
 
-__all__ = ["RULES", "Context", "RuleInfo", "run_rules"]
+__all__ = ["METHOD_RULES", "RULES", "Context", "RuleInfo", "run_rules"]
 
 
 @cache
@@ -20,6 +22,8 @@ def _checks_for(version: str) -> tuple[Check, ...]:
 
 
 def run_rules(ctx: Context) -> None:
-    """Run every check that applies to the context's DeepSpeed version."""
+    """Run every check that applies to the context's DeepSpeed version, then the fine-tuning
+    rules when the context has a training method."""
     for check in _checks_for(ctx.profile.version):
         check(ctx)
+    run_method_rules(ctx)

@@ -13,6 +13,7 @@ from typing import Any
 
 from dsgen.jsontypes import escape_pointer_token
 from dsgen.validate.findings import Finding
+from dsgen.validate.method import TrainingMethod
 from dsgen.validate.rules.catalogue import RULES
 from dsgen.validate.schema_findings import AutoSite
 from dsgen.validate.targets import resolves_auto
@@ -104,12 +105,14 @@ class Context:
         target: str,
         profile: Profile,
         positions: Mapping[str, tuple[int, int]] | None,
+        method: TrainingMethod | None = None,
     ) -> None:
         self.config = config
         self.world_size = world_size
         self.target = target
         self.profile = profile
         self.positions = positions or {}
+        self.method = method  # the training method, for the fine-tuning rules (None: they stay silent)
         self.findings: list[Finding] = []
         self.auto_sites: list[AutoSite] = []  # filled from the schema check, read by the auto-value rule
 
