@@ -202,3 +202,29 @@ def test_a_run_that_does_not_fit_is_offered_lighter_methods_apart_from_config_fi
     ]
     assert all(fix.evaluation.plan == diagnosis.evaluation.plan for fix in diagnosis.method_fixes)  # type: ignore[union-attr]
     assert all("training." not in key for fix in diagnosis.fixes for key, _ in fix.changes)
+
+
+def test_the_doctor_checks_the_fine_tuning_rules_of_its_spec(tmp_path: Path) -> None:
+    """The doctor validates with the spec's method: a DPO run with a separate reference model whose ZeRO-2 config turns off
+    compute_grad_norm gets the reference engine's failure (TRL's prepare_deepspeed rebuilds the
+    config at stage 0, which DeepSpeed refuses without it), a plain SFT spec does not."""
+    config = tmp_path / "ds.json"
+    config.write_text(
+        json.dumps(
+            {
+                "train_micro_batch_size_per_gpu": 1,
+                "gradient_accumulation_steps": 8,
+                "gradient_clipping": 0,
+                "bf16": {"enabled": True},
+                "zero_optimization": {"stage": 2, "compute_grad_norm": False},
+            }
+        )
+    )
+    from dsgen.api import load_spec
+
+    separate = ["training.reference_model=separate"]  # a second engine, which TRL prepares itself
+    dpo = doctor(config, load_spec(EXAMPLES_DIR / "dpo-llama-3.1-8b-8xh100.yaml", separate))
+    assert any(f.code == "trl-reference-engine" and f.severity == "error" for f in dpo.findings)
+    assert dpo.verdict == "invalid"
+    sft = doctor(config, EXAMPLES_DIR / "llama-3.1-8b-8xh100.yaml")
+    assert not any(f.code == "trl-reference-engine" for f in sft.findings)

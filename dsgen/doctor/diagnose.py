@@ -332,7 +332,7 @@ def _fixes(reading: RunReading, plan: Plan, limit: int) -> tuple[Fix, ...]:
             derived.ok
             and same_split
             and not fixed_reading.resolved.mismatches
-            and run_validator(fixed, fixed_reading, spec.training.deepspeed_version).ok
+            and run_validator(fixed, fixed_reading, spec).ok
         )
         return fixed_reading if ok else None
 

@@ -36,7 +36,7 @@ from dsgen.long_context import TRICKS
 from dsgen.plan import Plan
 from dsgen.solver import resolve_precision
 from dsgen.spec.types import Spec
-from dsgen.validate import Report, validate_config
+from dsgen.validate import Report, TrainingMethod, validate_config
 from dsgen.vocabulary import Checkpointing
 
 
@@ -305,14 +305,18 @@ def _accelerate_batch_rewrite(
     return replace(resolved, config=rewritten), findings
 
 
-def run_validator(config: dict[str, Any], reading: ConfigReading, deepspeed_version: str) -> Report:
-    """The validator with the parser profile of the spec's release (``training.deepspeed_version``)."""
-    profile = profile_of(deepspeed_version)
+def run_validator(config: dict[str, Any], reading: ConfigReading, spec: Spec) -> Report:
+    """The validator with the parser profile of the spec's release (``training.deepspeed_version``)
+    and the spec's training method (the fine-tuning rules: ``docs/validation.md``)."""
+    profile = profile_of(spec.training.deepspeed_version)
+    method = TrainingMethod.from_spec(spec)
     world = reading.parallel.batch_world
     world_size = int(world) if float(world).is_integer() and world >= 1 else None
     if reading.resolved.unresolved:
-        return validate_config(config, world_size=world_size, target="hf-trainer", deepspeed_version=profile)
-    return validate_config(reading.resolved.config, world_size=world_size, deepspeed_version=profile)
+        return validate_config(
+            config, world_size=world_size, target="hf-trainer", deepspeed_version=profile, method=method
+        )
+    return validate_config(reading.resolved.config, world_size=world_size, deepspeed_version=profile, method=method)
 
 
 def _validate(
@@ -320,7 +324,7 @@ def _validate(
 ) -> tuple[Report, Batch, dict[str, Any], list[DoctorFinding]]:
     """The validator's report, DeepSpeed's batch assertion quoted, the batch to price and the
     keys that reach it."""
-    report = run_validator(config, reading, spec.training.deepspeed_version)
+    report = run_validator(config, reading, spec)
     batch = reading.batch
     findings = [
         DoctorFinding(f.severity, f.rule_id, f.message, f.hint)
