@@ -449,7 +449,9 @@ def score_corpus(name: str, case_ids: list[str], json_path: Path | None, target:
             f"DeepSpeed estimator {n}/{m} ({n / m:.0%}) - {ds_source}; stage-0 cases have no estimator and are not counted"
         )
     ds_verdicts = {case["id"]: ds.verdict for case, _, ds in evaluated}
-    doctor_rows = [replace(row, ds_estimator=ds_verdicts[row.case["id"]]) for row in doctor_verdicts(cases, corpus, target)]
+    doctor_rows = [
+        replace(row, ds_estimator=ds_verdicts[row.case["id"]]) for row in doctor_verdicts(cases, corpus, target)
+    ]
     if json_path:
         json_path.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     return doctor_rows

@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(json.dumps(row))
     finally:
-        # an alive process group can abort the process in interpreter shutdown (README, "How your
+        # an alive process group can abort the process in interpreter shutdown (docs/targets.md, "How your
         # script ends"); tear it down while Python is whole
         deepspeed.comm.destroy_process_group()
     out = output_path(args.out, args.cpu_smoke)

@@ -216,7 +216,7 @@ def main() -> int:
     )
     for case in cases:
         print("DSGEN_LC " + json.dumps(run_case(case, mpu, rank)), flush=True)
-    # an alive process group can abort the rank in interpreter shutdown (README, "How your script ends")
+    # an alive process group can abort the rank in interpreter shutdown (docs/targets.md, "How your script ends")
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
     return 0

@@ -119,7 +119,7 @@ def evaluation_dict(e: Evaluation, spec: Spec) -> dict[str, Any]:
 
 
 def result_dict(result: SolveResult) -> dict[str, Any]:
-    """The ``dsgen solve --json`` object (the stable output contract; see README)."""
+    """The ``dsgen solve --json`` object (the stable output contract: docs/output-contract.md)."""
     spec = result.spec
     shown = result.best if result.best is not None else result.closest
     assert shown is not None

@@ -1,7 +1,7 @@
 """A user's training script for the HF Trainer, as a dsgen ``hf-trainer`` bundle runs it.
 
 ``launch.sh`` starts it (under torchrun) in the bundle directory; it builds ``TrainingArguments``
-from ``training_args.json`` exactly as the README tells users to, and adds only what a CPU test
+from ``training_args.json`` exactly as docs/targets.md tells users to, and adds only what a CPU test
 machine needs (``use_cpu``, the gloo backend) and what a real script owns (output directory,
 step budget, logging). The model is a tiny Llama built from a local config: nothing is
 downloaded. Rank 0 prints ``DSGEN_TRAINER global_step=<n> world_size=<n> zero_stage=<n>

@@ -92,7 +92,7 @@ def main() -> int:
             f"finite={finite} losses={','.join(f'{x:.4f}' for x in losses)}",
             flush=True,
         )
-    # end the way every distributed script must (README, "How your script ends")
+    # end the way every distributed script must (docs/targets.md, "How your script ends")
     trainer.accelerator.wait_for_everyone()
     trainer.accelerator.end_training()
     return 0

@@ -266,19 +266,20 @@ def test_load_spec_mapping_reads_local_files_from_base_dir(tmp_path: Path) -> No
     assert spec.model.num_layers == 4
 
 
-# --- the README's Use section runs as written --------------------------------------------------------
+# --- docs/cli.md's command list runs as written ----------------------------------------------------
 
 
 def _use_section() -> str:
-    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    return readme.split("## Use\n", 1)[1].split("\n## ", 1)[0]
+    """docs/cli.md: the list of every command, then the Python API (the README's tour links it)."""
+    return (REPO_ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
 
 
 def test_readme_use_commands_run_in_order_in_a_fresh_directory(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every ``dsgen`` line of the Use block, top to bottom (the first creates the spec.yaml the
-    others read), then the Python API block. Installing completion would edit the shell's rc file."""
+    """Every ``dsgen`` line of docs/cli.md's command block, top to bottom (the first creates the
+    spec.yaml the others read), then its Python API block. Installing completion would edit the
+    shell's rc file."""
     import shlex
     import shutil
 
@@ -287,7 +288,7 @@ def test_readme_use_commands_run_in_order_in_a_fresh_directory(
     section = _use_section()
     shell = section.split("```bash\n", 1)[1].split("```", 1)[0]
     commands = [shlex.split(line.split("  #", 1)[0]) for line in shell.splitlines() if line.startswith("dsgen ")]
-    assert commands[0][:2] == ["dsgen", "init"], "the Use section starts by creating the spec it uses"
+    assert commands[0][:2] == ["dsgen", "init"], "the command list starts by creating the spec it uses"
     ran = 0
     for argv in commands:
         if "--install-completion" in argv:
@@ -299,5 +300,5 @@ def test_readme_use_commands_run_in_order_in_a_fresh_directory(
     assert json.loads((tmp_path / "out" / "ds.json").read_text())["train_batch_size"] > 0
     python = section.split("```python\n", 1)[1].split("```", 1)[0]
     namespace: dict[str, object] = {}
-    exec(compile(python, "README.md (Use)", "exec"), namespace)
+    exec(compile(python, "docs/cli.md (From Python)", "exec"), namespace)
     assert (tmp_path / "runs" / "manifest.jsonl").is_file()

@@ -1,4 +1,4 @@
-"""``dsgen doctor`` as a user runs it: the README's commands, the JSON contract, --fix, bad input."""
+"""``dsgen doctor`` as a user runs it: docs/my-run-crashed.md's commands, the JSON contract, --fix, bad input."""
 
 from __future__ import annotations
 
@@ -20,15 +20,14 @@ EXAMPLE = ["doctor", "examples/doctor/ds_config.json", "--spec", "examples/docto
 
 @pytest.fixture
 def in_repo_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A scratch working directory that sees the repository's examples (README paths are relative)."""
+    """A scratch working directory that sees the repository's examples (the docs' paths are relative)."""
     (tmp_path / "examples").symlink_to(REPO_ROOT / "examples")
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
 
 def readme_commands() -> list[list[str]]:
-    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("## My run crashed", 1)[1].split("\n## ", 1)[0]
+    section = (REPO_ROOT / "docs" / "my-run-crashed.md").read_text(encoding="utf-8")
     block = re.search(r"```bash\n(.*?)```", section, re.DOTALL)
     assert block is not None
     commands = []

@@ -17,7 +17,7 @@ LLAMA_FACTORY_1221 = (  # https://github.com/hiyouga/LlamaFactory/issues/1221 (l
     "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.14 GiB (GPU 5; 31.75 GiB total "
     "capacity; 28.28 GiB already allocated; 1.95 GiB free; 28.28 GiB reserved in total by PyTorch)"
 )
-CURRENT = (  # the current wording, as README's doctor example quotes it
+CURRENT = (  # the current wording, as docs/my-run-crashed.md's doctor example quotes it
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 9.28 GiB. GPU 0 has a total capacity of "
     "39.38 GiB of which 2.12 GiB is free. Including non-PyTorch memory, this process has 37.25 GiB memory in "
     "use. Of the allocated memory 33.10 GiB is allocated by PyTorch, and 3.63 GiB is reserved by PyTorch but "

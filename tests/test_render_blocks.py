@@ -121,7 +121,7 @@ def test_total_steps_shorter_than_warmup_still_gives_deepspeed_a_valid_schedule(
 
 
 def test_documented_defaults_reach_the_config() -> None:
-    """README's spec reference: gradient_clipping 1.0 and warmup_decay over 100 of 10,000 steps
+    """The spec's defaults (docs/spec-keys.md): gradient_clipping 1.0 and warmup_decay over 100 of 10,000 steps
     when the spec says nothing."""
     config = _rendered(
         "model: {preset: llama-3.2-1b}\n"

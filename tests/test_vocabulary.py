@@ -58,7 +58,7 @@ def test_validation_rules_use_the_vocabulary() -> None:
 def test_output_contract_checkpointing_booleans(
     pin: str, activation_checkpointing: bool, selective_recompute: bool
 ) -> None:
-    """README "Output contract": plan.activation_checkpointing (every layer recomputed) and
+    """docs/output-contract.md, "The plan": plan.activation_checkpointing (every layer recomputed) and
     plan.selective_recompute (attention only) stay two booleans."""
     spec = load_spec(EXAMPLES_DIR / "llama-3.1-8b-8xh100.yaml")
     spec = replace(spec, constraints=replace(spec.constraints, activation_checkpointing=pin))

@@ -77,7 +77,7 @@ class Diagnosis:
 
     @property
     def exit_code(self) -> ExitCode:
-        """0 for fits, 3 for tight, oom or host-oom, 1 for an invalid config (README)."""
+        """0 for fits, 3 for tight, oom or host-oom, 1 for an invalid config (docs/exit-codes.md)."""
         if self.verdict == "invalid":
             return ExitCode.FINDINGS
         if self.verdict in ("tight", "oom", "host-oom"):

@@ -39,7 +39,6 @@ from dsgen.spec.types import Spec
 from dsgen.validate import Report, TrainingMethod, validate_config
 from dsgen.vocabulary import Checkpointing
 
-
 #: Validator rules the doctor states itself, from more than the config says.
 DOCTOR_OWN_RULES = frozenset({"grpo-generation-batch"})
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from dsgen.validate.rules import batch, keys, misc, optimizer, parallel, precision, zero  # noqa: F401
+from dsgen.validate.rules import batch, keys, misc, model_parallel, optimizer, parallel, precision, zero  # noqa: F401
 from dsgen.validate.rules.catalogue import RULES, RuleInfo
 from dsgen.validate.rules.context import Context
 from dsgen.validate.rules.finetuning import METHOD_RULES, run_method_rules
