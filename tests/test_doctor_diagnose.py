@@ -210,3 +210,25 @@ def test_trl_max_length_caps_the_priced_sequence_and_packing_fills_it() -> None:
     assert priced(max_seq_length=1024)[0] == 1024
     assert priced(max_length=None)[:2] == (4096, False)
     assert diagnose(CONFIG, spec).spec.training.sequence_length == 4096  # no arguments: the spec's
+
+
+def test_autotp_batch_over_count_is_named() -> None:
+    """Under AutoTP DeepSpeed asserts train_batch_size over every rank while a TP group trains one
+    micro-batch (measured: docs/model-parallel-measurements.md), so a step trains train_batch_size / TP
+    distinct samples; a spec asking for train_batch_size samples is told how to get them."""
+    spec = load_spec(EXAMPLES_DIR / "llama-3.1-8b-8xh100.yaml", ["training.global_batch_size=64"])
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 8,
+        "train_batch_size": 64,
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": 1},
+        "tensor_parallel": {"autotp_size": 2},
+    }
+    d = diagnose(config, spec)
+    found = [f for f in d.findings if f.code == "tp-batch-overcount"]
+    assert len(found) == 1 and found[0].severity == "warning"
+    assert "32 distinct samples" in found[0].message and "by 2" in (found[0].hint or "")
+    assert not any(f.code == "batch-assertion" for f in d.findings)  # DeepSpeed accepts it: 64 = 1 x 8 x 8
+    plain = diagnose({**config, "tensor_parallel": {"autotp_size": 1}}, spec)
+    assert not any(f.code == "tp-batch-overcount" for f in plain.findings)

@@ -362,6 +362,10 @@ def _validate(
             )
     global_batch = priced_batch.train_batch_size
     spec_batch = spec.training.global_batch_size
+    tp = reading.parallel.tensor_parallel
+    if global_batch is not None and tp > 1:
+        findings.append(_tp_batch_finding(global_batch, tp, spec_batch))
+        global_batch //= tp  # the distinct samples a step trains
     if global_batch is not None and spec_batch is not None and spec_batch != global_batch:
         findings.append(
             DoctorFinding(
@@ -371,6 +375,28 @@ def _validate(
             )
         )
     return report, priced_batch, base_changes, findings
+
+
+def _tp_batch_finding(train_batch_size: int, tp: int, spec_batch: int | None) -> DoctorFinding:
+    """AutoTP's batch over-count: DeepSpeed asserts ``train_batch_size`` over every rank
+    (``deepspeed.initialize`` builds ``DeepSpeedConfig(config, mpu=None)``, so ``runtime/config.py``
+    takes ``dist.get_world_size()``), while the ranks of a TP group must train the same micro-batch
+    (``runtime/engine.py`` ``check_dataloader_inputs_same_across_ranks`` asserts it): a step trains
+    ``train_batch_size / TP`` distinct samples (docs/model-parallel-measurements.md)."""
+    distinct = train_batch_size // tp
+    message = (
+        f"AutoTP (autotp_size {tp}): the {tp} ranks of each tensor-parallel group train the same micro-batch, "
+        f"so train_batch_size {train_batch_size} (which DeepSpeed asserts over every rank) counts each sample "
+        f"{tp} times: a step trains {distinct} distinct samples"
+    )
+    if spec_batch is not None and spec_batch == train_batch_size:
+        return DoctorFinding(
+            "warning",
+            "tp-batch-overcount",
+            message + f", not the spec's global batch of {spec_batch}",
+            f"multiply gradient_accumulation_steps (or the micro-batch) by {tp} to train {spec_batch} samples a step",
+        )
+    return DoctorFinding("info", "tp-batch-overcount", message)
 
 
 def _checkpointing(spec: Spec, trainer_args: Mapping[str, Any] | None) -> tuple[Checkpointing, str, str | None]:
