@@ -5,8 +5,11 @@ freeze-tuning, bitsandbytes' 4-bit QLoRA or TRL's DPO reference, under ZeRO-1/2/
 gloo) through the measurement worker (``tests/finetune_worker.py``) and prints, per case, the
 frozen bytes, the reference engine's bytes and the activations autograd saved, each beside dsgen's
 prediction, then the activations' median and worst error (the activation bench's bar: 3 % and 8 %).
+Then one real TRL GRPO step per case of ``tests/test_grpo_measured.py`` (``trl.GRPOTrainer`` with
+transformers generation, ``tests/grpo_worker.py``): the KV cache and sampler logits generation
+holds, ZeRO-3's gather for generation and the saved activations, each beside dsgen's prediction.
 
-Run: python bench/finetune_state_accuracy.py   (about 4 minutes on 2 cores)
+Run: python bench/finetune_state_accuracy.py   (about 6 minutes on 2 cores)
 """
 
 from __future__ import annotations
@@ -53,6 +56,28 @@ def main() -> None:
     print(
         "frozen bytes: ZeRO-3 partitions shown (its persistent copies are checked in the test); QLoRA's records leave out the 4-bit constants dsgen counts"
     )
+    grpo(tmp)
+
+
+def grpo(tmp: str) -> None:
+    """The GRPO section: measured (largest over the ranks) and predicted bytes per term."""
+    from tests.test_grpo_measured import CASES as GRPO_CASES
+    from tests.test_grpo_measured import comparison
+
+    print(
+        f"\nGRPO, one TRL GRPOTrainer step (transformers generation)\n{'case / term':<36} {'measured B':>12} {'dsgen':>12} {'error':>7}"
+    )
+    for name in GRPO_CASES:
+        result = comparison(name, tmp)
+        measured, predicted = result["measured"], result["predicted"]
+        print(f"{name}")
+        print(f"{'  KV cache':<36} {measured['kv_cache']:>12,}")
+        print(f"{'  sampler logits':<36} {measured['sampler_logits']:>12,}")
+        for term in ("generation", "generation_gather", "saved_activations"):
+            if term not in measured:
+                continue
+            error = predicted[term] / measured[term] - 1
+            print(f"{'  ' + term:<36} {measured[term]:>12,} {predicted[term]:>12,} {error:>+7.1%}")
 
 
 if __name__ == "__main__":
