@@ -8,10 +8,10 @@ The records are compared with ``estimate_memory`` for the same plan: model state
 generation (KV cache + logits) within 3 %, the saved activations within the activation bench's bar
 (3 % median, 8 % worst).
 
-Two terms disagree and are marked ``xfail(strict=True)`` for the owner to decide (numbers in the
-reasons): the saved activations, because TRL 1.16's GRPO loss runs a fused, chunked LM head that
-keeps no vocabulary-wide logits; and ZeRO-3's generation gather, which prices the tensors that
-ZeRO-3 already keeps whole a second time.
+The saved activations disagree and are a strict xfail (numbers in its reason): TRL 1.16's GRPO loss
+runs a fused, chunked LM head that keeps no vocabulary-wide logits, which dsgen does not price yet.
+ZeRO-3's generation gather, which once priced the tensors ZeRO-3 already keeps whole a second time
+(+37.8 %), is now exact.
 
 The measured and predicted numbers: ``python bench/finetune_state_accuracy.py`` (its GRPO section).
 """
@@ -216,18 +216,6 @@ def test_saved_activations_within_the_activation_benchs_bar(tmp_path_factory: py
     assert max(abs(e) for e in errors.values()) <= 0.08, errors
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "dsgen's generation_gather is the whole base model (objectives.objective_memory), but ZeRO-3 already "
-        "keeps every tensor under stage3_param_persistence_threshold whole on each rank (priced in "
-        "frozen_parameters / parameters), and GatheredParameters (trl/models/utils.py "
-        "_unwrap_model_for_generation) materialises only the others: measured 8,339,456 B, predicted "
-        "11,494,400 B; the difference, 3,154,944 B, is exactly the base model's persistent tensors (large "
-        "here: the tiny model's 256x256 and 256x128 projections are under the 1e5 threshold; norms only, "
-        "in a real model)"
-    ),
-)
 def test_zero3_generation_gathers_what_the_rank_does_not_hold_whole(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:

@@ -52,7 +52,7 @@ from itertools import accumulate
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.estimate.optimizers import flat_state_bytes, state_bytes
-from dsgen.estimate.parameter_layout import parameter_shapes, parameter_tensors
+from dsgen.estimate.parameter_layout import parameter_shapes, parameter_tensors, persistent_parameters
 from dsgen.estimate.swap_buffers import nvme_buffers
 from dsgen.estimate.trainable import FrozenBytes, ParameterSplit, frozen_bytes, full_split
 from dsgen.plan import Plan
@@ -64,7 +64,7 @@ NCCL_START_ALIGNMENT_FACTOR = 2
 NO_FROZEN = FrozenBytes(0)
 
 
-__all__ = ["parameter_shapes", "parameter_tensors"]  # re-exported: their readers import them from here
+__all__ = ["parameter_shapes", "parameter_tensors", "persistent_parameters"]  # re-exported: their readers import them from here
 
 
 def largest_parameter_tensor(shape: ModelShape) -> int:
@@ -75,13 +75,6 @@ def largest_parameter_tensor(shape: ModelShape) -> int:
 @lru_cache(maxsize=256)
 def _largest_tensor(split: ParameterSplit) -> int:
     return max(split.trainable, default=0)
-
-
-@lru_cache(maxsize=256)
-def persistent_parameters(shape: ModelShape, threshold: int) -> int:
-    """Parameters ZeRO-3 keeps whole on every rank: tensors with at most ``threshold`` elements
-    (DeepSpeed's ``param_persistence_threshold``, compared with ``<=``)."""
-    return sum(n for n in parameter_tensors(shape) if n <= threshold)
 
 
 def zero12_partition(shape: ModelShape, ranks: int) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dsgen.catalog.model_shape import ModelShape
-from dsgen.estimate.parameter_layout import parameter_tensors
+from dsgen.estimate.parameter_layout import parameter_tensors, persistent_parameters
 from dsgen.estimate.trainable import FrozenBytes, ParameterSplit, frozen_bytes
 from dsgen.plan import Plan
 from dsgen.spec.types import FineTuning
@@ -125,8 +125,11 @@ def objective_memory(
     if plan.zero_stage == 3:
         # unwrap_model_for_generation(gather_deepspeed3_params=True) gathers every parameter for
         # model.generate (trl/models/utils.py); syncing a PEFT model to vLLM gathers all of them too
-        # (GRPOTrainer._move_model_to_vllm). A whole 16-bit model, less what the rank already holds.
-        whole = plan.dtype_bytes * sum(parameter_tensors(shape))
+        # (GRPOTrainer._move_model_to_vllm). A whole 16-bit model, less the tensors ZeRO-3 already
+        # keeps whole on every rank (param_persistence_threshold), which GatheredParameters leaves be:
+        # measured exactly on a real GRPOTrainer step (tests/test_grpo_measured.py).
+        persistent = persistent_parameters(shape, plan.knobs.param_persistence_threshold)
+        whole = plan.dtype_bytes * (sum(parameter_tensors(shape)) - persistent)
         gather = whole if generation.engine == "transformers" or finetuning.adapters else 0
     if generation.engine == "transformers":
         sequences = generation_batch(plan)

@@ -84,3 +84,10 @@ def parameter_shapes(shape: ModelShape) -> tuple[Shape, ...]:
 def parameter_tensors(shape: ModelShape) -> tuple[int, ...]:
     """Element counts of the model's parameter tensors in ``model.parameters()`` order."""
     return tuple(prod(s) for s in parameter_shapes(shape))
+
+
+@lru_cache(maxsize=256)
+def persistent_parameters(shape: ModelShape, threshold: int) -> int:
+    """Parameters ZeRO-3 keeps whole on every rank: tensors with at most ``threshold`` elements
+    (DeepSpeed's ``param_persistence_threshold``, compared with ``<=``)."""
+    return sum(n for n in parameter_tensors(shape) if n <= threshold)
