@@ -240,6 +240,28 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {
         c({"expert_parallel": {"enabled": True, "autoep_size": 2}, "tensor_parallel": {"autotp_size": 2}}),
         {"world_size": 4},
     ),
+    # AutoTP / AutoEP per release (dsgen/validate/rules/model_parallel.py; more in test_model_parallel_rules.py)
+    "autotp-release": (c({"tensor_parallel": {"autotp_size": 2}}), c(), {"deepspeed_version": "0.14"}),
+    "autotp-zero3-release": (
+        c({"tensor_parallel": {"autotp_size": 2}}, z(3)),
+        c({"tensor_parallel": {"autotp_size": 2}}, z(2)),
+        {"deepspeed_version": "0.16"},
+    ),
+    "autoep-release": (
+        c({"expert_parallel": {"enabled": True, "autoep_size": 2}}),
+        c({"expert_parallel": {"enabled": False}}),
+        {"deepspeed_version": "0.16"},
+    ),
+    "autotp-ulysses": (
+        c({"tensor_parallel": {"autotp_size": 2}, "sequence_parallel_size": 2}),
+        c({"tensor_parallel": {"autotp_size": 2}, "sequence_parallel_size": 1}),
+        {},
+    ),
+    "autotp-batch-world": (
+        c({"train_batch_size": 8, "tensor_parallel": {"autotp_size": 2}}),
+        c({"train_batch_size": 16, "tensor_parallel": {"autotp_size": 2}}),
+        {"world_size": 8},
+    ),
     "data-efficiency-incomplete": (
         c({"data_efficiency": {"data_sampling": {"curriculum_learning": {"enabled": True}}}}),
         c(

@@ -39,8 +39,10 @@ from dsgen.spec.types import Spec
 from dsgen.validate import Report, TrainingMethod, validate_config
 from dsgen.vocabulary import Checkpointing
 
-#: Validator rules the doctor states itself, from more than the config says.
-DOCTOR_OWN_RULES = frozenset({"grpo-generation-batch"})
+#: Validator rules the doctor states itself, from more than the config says: GRPO's generation batch
+#: (with the Trainer's steps_per_generation) and AutoTP's batch world (DeepSpeed's own assertion,
+#: quoted as batch-assertion, and the tp-batch-overcount note).
+DOCTOR_OWN_RULES = frozenset({"grpo-generation-batch", "autotp-batch-world"})
 
 
 @dataclass(frozen=True)
