@@ -232,3 +232,27 @@ def test_autotp_batch_over_count_is_named() -> None:
     assert not any(f.code == "batch-assertion" for f in d.findings)  # DeepSpeed accepts it: 64 = 1 x 8 x 8
     plain = diagnose({**config, "tensor_parallel": {"autotp_size": 1}}, spec)
     assert not any(f.code == "tp-batch-overcount" for f in plain.findings)
+
+
+def test_model_parallel_rules_that_need_the_model_are_the_doctors() -> None:
+    """The validator cannot see the model; the doctor can: Mixtral's 8 experts do not split over an
+    autoep_size of 3, and AutoTP on an MoE model needs a partition_config (DeepSpeed's own checks,
+    docs/model-parallel.md). A dense model under AutoTP 2 breaks neither."""
+    spec = load_spec(
+        EXAMPLES_DIR / "llama-3.1-8b-8xh100.yaml",
+        ["model.preset=mixtral-8x7b", "hardware.gpus_per_node=6", "training.global_batch_size=48"],
+    )
+    base = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 8,
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": 2},
+    }
+    ep = diagnose({**base, "expert_parallel": {"enabled": True, "autoep_size": 3}}, spec)
+    assert any(f.code == "autoep-size-experts" and f.severity == "error" for f in ep.findings)
+    assert ep.verdict == "invalid"
+    tp = diagnose({**base, "tensor_parallel": {"autotp_size": 2}}, spec)
+    assert any(f.code == "autotp-moe-partition" for f in tp.findings)
+    dense = load_spec(EXAMPLES_DIR / "llama-3.1-8b-8xh100.yaml", ["training.global_batch_size=64"])
+    plain = diagnose({**base, "tensor_parallel": {"autotp_size": 2}}, dense)
+    assert not any(f.code.startswith(("autotp-", "autoep-")) for f in plain.findings)

@@ -27,6 +27,7 @@ from dsgen.doctor.batch import Batch, Parallel, derive, parallel_of
 from dsgen.doctor.config_to_plan import ConfigPlan, config_to_plan
 from dsgen.doctor.findings import DoctorFinding
 from dsgen.doctor.keys import with_changes
+from dsgen.doctor.model_parallel_findings import model_parallel_violations
 from dsgen.doctor.parallelism import accelerate_data_parallel_size, sp_disagreement, trainer_sp_size
 from dsgen.doctor.run_optimizer import run_optimizer, with_run_optimizer
 from dsgen.doctor.sequence_length import run_sequence_length
@@ -362,6 +363,15 @@ def _validate(
                 option["gradient_accumulation_steps"],
                 batch.world,
             )
+    for violation in model_parallel_violations(reading.resolved.config, spec, reading.parallel.world_size):
+        findings.append(
+            DoctorFinding(
+                "error" if violation.raises else "warning",
+                violation.rule,
+                f"{violation.message} [{violation.source}]",
+                f"DeepSpeed >= {violation.since} supports it" if violation.since else None,
+            )
+        )
     global_batch = priced_batch.train_batch_size
     spec_batch = spec.training.global_batch_size
     tp = reading.parallel.tensor_parallel
