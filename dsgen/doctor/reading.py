@@ -34,6 +34,7 @@ from dsgen.doctor.sequence_length import run_sequence_length
 from dsgen.errors import DsgenError
 from dsgen.estimate.sequence_parallel import sp_violation
 from dsgen.long_context import TRICKS
+from dsgen.model_parallel import tp_batch
 from dsgen.plan import Plan
 from dsgen.solver import resolve_precision
 from dsgen.spec.types import Spec
@@ -375,9 +376,13 @@ def _validate(
     global_batch = priced_batch.train_batch_size
     spec_batch = spec.training.global_batch_size
     tp = reading.parallel.tensor_parallel
-    if global_batch is not None and tp > 1:
-        findings.append(_tp_batch_finding(global_batch, tp, spec_batch))
-        global_batch //= tp  # the distinct samples a step trains
+    sp = reading.parallel.sequence_parallel
+    micro, accumulation = priced_batch.micro_batch_size, priced_batch.gradient_accumulation_steps
+    world = reading.parallel.world_size
+    if global_batch is not None and micro and accumulation and tp > 1 and world % (tp * sp) == 0:
+        consumed = tp_batch(micro, accumulation, world, tp=tp, sp=sp).samples_per_step
+        findings.append(_tp_batch_finding(global_batch, tp, consumed, spec_batch))
+        global_batch = consumed
     if global_batch is not None and spec_batch is not None and spec_batch != global_batch:
         findings.append(
             DoctorFinding(
@@ -389,13 +394,13 @@ def _validate(
     return report, priced_batch, base_changes, findings
 
 
-def _tp_batch_finding(train_batch_size: int, tp: int, spec_batch: int | None) -> DoctorFinding:
+def _tp_batch_finding(train_batch_size: int, tp: int, distinct: int, spec_batch: int | None) -> DoctorFinding:
     """AutoTP's batch over-count: DeepSpeed asserts ``train_batch_size`` over every rank
     (``deepspeed.initialize`` builds ``DeepSpeedConfig(config, mpu=None)``, so ``runtime/config.py``
     takes ``dist.get_world_size()``), while the ranks of a TP group must train the same micro-batch
     (``runtime/engine.py`` ``check_dataloader_inputs_same_across_ranks`` asserts it): a step trains
-    ``train_batch_size / TP`` distinct samples (docs/model-parallel-measurements.md)."""
-    distinct = train_batch_size // tp
+    ``train_batch_size / TP`` distinct samples (``distinct``: :func:`dsgen.model_parallel.tp_batch`;
+    docs/model-parallel-measurements.md)."""
     message = (
         f"AutoTP (autotp_size {tp}): the {tp} ranks of each tensor-parallel group train the same micro-batch, "
         f"so train_batch_size {train_batch_size} (which DeepSpeed asserts over every rank) counts each sample "
