@@ -87,6 +87,27 @@ class LongContext:
         return ", ".join(parts)
 
 
+@dataclass(frozen=True)  # one per model-parallel layout the solver prices
+class ModelParallel:
+    """DeepSpeed's model parallelism of a plan: the AutoTP degree (``tensor_parallel.autotp_size``)
+    and the AutoEP degree (``expert_parallel.autoep_size``); 1 is off. The rules that decide which
+    layouts a release runs are :mod:`dsgen.model_parallel`'s."""
+
+    tensor_parallel_size: int = 1
+    expert_parallel_size: int = 1
+
+    @property
+    def active(self) -> bool:
+        return self.tensor_parallel_size > 1 or self.expert_parallel_size > 1
+
+    def label(self) -> str:
+        """e.g. 'AutoTP 2', 'AutoEP 8' ('' when neither is on)."""
+        parts = [f"AutoTP {self.tensor_parallel_size}"] if self.tensor_parallel_size > 1 else []
+        if self.expert_parallel_size > 1:
+            parts.append(f"AutoEP {self.expert_parallel_size}")
+        return " + ".join(parts)
+
+
 CHECKPOINTING_LABELS: dict[Checkpointing, str] = {
     "none": "",
     "selective": ", selective recompute",
@@ -109,18 +130,57 @@ class Plan:
     knobs: ZeroKnobs = ZeroKnobs()
     offload_ratio: float = 1.0  # share of optimizer work done on the CPU (ZeRO-3 partial offload)
     long_context: LongContext = LongContext()
+    model_parallel: ModelParallel = ModelParallel()
 
     @property
     def sequence_parallel_size(self) -> int:
         return self.long_context.sequence_parallel_size
 
     @property
+    def tensor_parallel_size(self) -> int:
+        return self.model_parallel.tensor_parallel_size
+
+    @property
+    def expert_parallel_size(self) -> int:
+        return self.model_parallel.expert_parallel_size
+
+    @property
+    def zero_ranks(self) -> int:
+        """Ranks ZeRO partitions the dense model states over: every GPU, or every GPU / the AutoTP
+        degree, DeepSpeed's data-parallel group under AutoTP (``runtime/engine.py``
+        ``_configure_zero_optimizer``: ``dp_process_group=self.seq_data_parallel_group``, built by
+        ``utils/groups.py`` ``_init_tp_mesh_device`` as world // autotp_size)."""
+        return self.data_parallel_size // self.tensor_parallel_size
+
+    @property
+    def expert_zero_ranks(self) -> int:
+        """Ranks ZeRO partitions AutoEP's local experts over: the expert-data-parallel group,
+        world // autoep_size (``utils/groups.py`` ``_create_expert_and_data_parallel``;
+        ``runtime/zero/stage_1_and_2.py`` ``_configure_moe_settings``)."""
+        return self.data_parallel_size // self.expert_parallel_size
+
+    @property
     def batch_parallel_size(self) -> int:
-        """Ranks that each take their own micro-batches: the GPUs / the Ulysses degree, the
+        """Ranks that each take their own micro-batches: the GPUs / the Ulysses degree / the AutoTP
+        degree (every rank of a TP group consumes the same micro-batch). Under Ulysses it is the
         ``world_size`` DeepSpeed checks ``train_batch_size`` against (``runtime/config.py``:
-        ``dist.get_world_size() / config["sequence_parallel_size"]``). ZeRO still partitions model
-        states over every GPU (``engine.py``: ``dp_process_group=self.seq_data_parallel_group``)."""
+        ``dist.get_world_size() / config["sequence_parallel_size"]``); under AutoTP DeepSpeed checks
+        every rank (:attr:`deepspeed_batch_world`). ZeRO still partitions model states over every
+        GPU / the AutoTP degree (:attr:`zero_ranks`)."""
+        return self.data_parallel_size // self.long_context.sequence_parallel_size // self.tensor_parallel_size
+
+    @property
+    def deepspeed_batch_world(self) -> int:
+        """The ``world_size`` DeepSpeed 0.19.8 multiplies into ``train_batch_size``: every GPU / the
+        Ulysses degree, TP peers counted each (``deepspeed/__init__.py`` ``initialize`` builds
+        ``DeepSpeedConfig(config, mpu=None)``, so ``runtime/config.py`` ``_batch_assertion`` sees the
+        whole world; measured in docs/model-parallel-measurements.md)."""
         return self.data_parallel_size // self.long_context.sequence_parallel_size
+
+    @property
+    def deepspeed_train_batch_size(self) -> int:
+        """The ``train_batch_size`` DeepSpeed accepts: :attr:`global_batch_size` x the AutoTP degree."""
+        return self.micro_batch_size * self.gradient_accumulation_steps * self.deepspeed_batch_world
 
     @property
     def global_batch_size(self) -> int:
@@ -157,6 +217,8 @@ class Plan:
         label += CHECKPOINTING_LABELS[self.checkpointing]
         if self.long_context.active:
             label += f", {self.long_context.label()}"
+        if self.model_parallel.active:
+            label += f", {self.model_parallel.label()}"
         return f"{label}, {self.precision}, micro {self.micro_batch_size} x accum {self.gradient_accumulation_steps}"
 
 
@@ -211,6 +273,8 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
         "zeropp": zeropp_dict(plan),
         **long_context_dict(plan),
         "seq_parallel_communication_data_type": plan.long_context.communication_dtype,
+        "tensor_parallel_size": plan.tensor_parallel_size,
+        "expert_parallel_size": plan.expert_parallel_size,
     }
 
 

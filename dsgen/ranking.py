@@ -18,7 +18,7 @@ OFFLOAD_ORDER = {device: rank for rank, device in enumerate(OFFLOAD_DEVICES)}
 CHECKPOINTING_ORDER = {mode: rank for rank, mode in enumerate(CHECKPOINTING_MODES)}
 
 
-def rank_key(e: Evaluation) -> tuple[float, int, int, int, int, int]:
+def rank_key(e: Evaluation) -> tuple[float, int, int, int, int, int, int, int]:
     """Predicted step time first; equal times in a fixed order, simpler plans first, so every
     ranking is deterministic."""
     p = e.plan
@@ -29,6 +29,8 @@ def rank_key(e: Evaluation) -> tuple[float, int, int, int, int, int]:
         p.zero_stage,
         CHECKPOINTING_ORDER[p.checkpointing],
         -p.micro_batch_size,
+        p.tensor_parallel_size,
+        p.expert_parallel_size,
     )
 
 
@@ -39,7 +41,8 @@ def simplicity_key(e: Evaluation, base: ZeroKnobs) -> tuple[float, ...]:
     least tuned) setting, ``base`` (:func:`default_knobs`), then the long-context tricks (each one
     a change to the training script) and the Ulysses degree. Offload comes before the stage because
     it moves the step onto the host: host RAM, pinned memory and DeepSpeedCPUAdam become part of
-    what can fail."""
+    what can fail. Model parallelism (AutoTP, AutoEP) comes right after offload: it changes the
+    model's layout on the GPUs, the data loader (TP peers share batches) and the checkpoints."""
     p = e.plan
     k = p.knobs
     tuned = sum(getattr(k, name) != getattr(base, name) for name in KNOB_FIELDS)
@@ -47,6 +50,7 @@ def simplicity_key(e: Evaluation, base: ZeroKnobs) -> tuple[float, ...]:
         OFFLOAD_ORDER[p.offload_param],
         OFFLOAD_ORDER[p.offload_optimizer],
         p.offload_ratio if p.offload_optimizer != "none" else 0.0,
+        p.tensor_parallel_size * p.expert_parallel_size,
         p.zero_stage,
         int(k.quantized_weights or k.quantized_gradients),
         int(k.hpz_partition_size > 1),

@@ -156,6 +156,8 @@ def template_context(
 ) -> dict[str, Any]:
     """The variables every template sees (documented in docs/templates.md); ``resources``: the
     scheduler request of a bundle's launch files (dsgen.targets.requests), None for the JSON alone."""
+    from dsgen.targets.model_parallel import model_parallel_templates
+
     needs_hostfile = ctx.launcher == "deepspeed" and spec.hardware.nodes > 1
     allocator = allocator_env(spec.hardware.gpu)
     return {
@@ -180,6 +182,7 @@ def template_context(
         "notes": list(ctx.notes),
         "resources": resources,
         "long_context": long_context_templates(spec, plan),  # Ulysses SP keys (dsgen.targets.long_context)
+        "model_parallel": model_parallel_templates(spec, plan),  # AutoTP / AutoEP keys (dsgen.targets.model_parallel)
         "allocator_env": allocator,  # what launch files export (dsgen.targets.allocator_env)
         "files": {
             "ds_config": CONFIG_FILE,
@@ -200,7 +203,7 @@ def check_rendered(config: dict[str, Any], plan: Plan, target: str, deepspeed_ve
     """
     hint = "this is a dsgen bug (or one in your --template-dir templates); please report it with your spec"
     planned = {
-        "train_batch_size": plan.global_batch_size,
+        "train_batch_size": plan.deepspeed_train_batch_size,  # TP peers counted each (dsgen.plan)
         "train_micro_batch_size_per_gpu": plan.micro_batch_size,
         "gradient_accumulation_steps": plan.gradient_accumulation_steps,
     }
@@ -213,8 +216,8 @@ def check_rendered(config: dict[str, Any], plan: Plan, target: str, deepspeed_ve
         )
     from dsgen.validate import validate_config
 
-    report = validate_config(  # W = world / SP
-        config, world_size=plan.batch_parallel_size, target=target, deepspeed_version=profile_of(deepspeed_version)
+    report = validate_config(  # W = world / SP, TP peers counted each
+        config, world_size=plan.deepspeed_batch_world, target=target, deepspeed_version=profile_of(deepspeed_version)
     )
     if not report.ok:
         details = "; ".join(f"{f.rule_id} at {f.pointer or '/'}: {f.message}" for f in report.errors)

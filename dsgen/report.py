@@ -148,6 +148,17 @@ def result_dict(result: SolveResult) -> dict[str, Any]:
     body["accounting"] = result.accounting
     body["deepspeed_version"] = spec.training.deepspeed_version  # the release priced (training.deepspeed_version)
     body["notes"] = [*spec.notes, *([result.batch_note] if result.batch_note else [])]
+    body["model_parallel_alternatives"] = [  # appended: existing keys keep their place
+        {
+            "layout": label,
+            "feasible": evaluation.feasible,
+            "plan": plan_dict(evaluation.plan),
+            "memory_gpu_total": evaluation.memory.gpu.total,
+            "step_time_s": round(evaluation.step.total_s, 6),
+            "reason": reason,
+        }
+        for label, evaluation, reason in result.model_parallel_alternatives
+    ]
     return body
 
 
@@ -232,6 +243,11 @@ def explanation(result: SolveResult) -> str:
     lines.append("offload choices not chosen:")
     for label, _evaluation, reason in result.offload_alternatives:
         lines.append(f"  {label}: {reason}")
+    if result.model_parallel_alternatives:
+        lines.append("model parallelism (AutoTP / AutoEP) not chosen:")
+        for label, evaluation, reason in result.model_parallel_alternatives:
+            memory = f"{evaluation.memory.gpu.total / GIB:.1f} GiB per GPU"
+            lines.append(f"  {label}: {reason}; {memory}")
     lines.append(f"({result.candidates_evaluated} candidate plans evaluated)")
     return "\n".join(lines)
 
@@ -273,6 +289,9 @@ def script_requirements(spec: Spec, plan: Plan) -> str:
             f"deepspeed.utils.set_z3_leaf_modules(model, [{block}])"
         )
     needs.extend(long_context_notes(spec, plan, "deepspeed"))  # Ulysses SP and the ALST tricks
+    from dsgen.targets.model_parallel import model_parallel_notes
+
+    needs.extend(model_parallel_notes(spec, plan, "deepspeed"))  # AutoTP's shared batches, AutoEP's optimizer
     if not needs:
         return "Your training script needs nothing beyond passing this config to deepspeed.initialize."
     return "Your training script must: " + "; ".join(needs) + "."

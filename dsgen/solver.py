@@ -23,9 +23,12 @@ from dsgen.evaluation import Evaluation, evaluate, usable_bytes
 from dsgen.global_batch import batch_splits, global_batch_target
 from dsgen.knob_variants import ZEROPP_CHOICES, knob_variants, with_zeropp
 from dsgen.long_context import long_context_choices, sequence_parallel_degrees, tricks_within
-from dsgen.plan import LongContext, Plan, ZeroKnobs
+from dsgen.model_parallel import Layout, ModelFacts, autoep_preset_for, violations
+from dsgen.model_parallel_choices import expert_parallel_degrees, tensor_parallel_degrees
+from dsgen.plan import LongContext, ModelParallel, Plan, ZeroKnobs
 from dsgen.ranking import rank_key, rank_within_error, ties_fastest
 from dsgen.spec.types import Spec
+from dsgen.targets.model_parallel import target_violation
 from dsgen.verdict import FitVerdict
 from dsgen.vocabulary import CHECKPOINTING_MODES, OFFLOAD_DEVICES, Accounting, Checkpointing, OffloadDevice, Precision
 
@@ -55,6 +58,8 @@ class SolveResult:
     offload_alternatives: tuple[tuple[str, Evaluation, str], ...] = ()  # (offload choice, its best plan, reason)
     batch_note: str | None = None  # set when the global batch was rounded or needs Ulysses SP
     accounting: Accounting = "dsgen"
+    # (layout label, its best plan, reason) for each AutoTP / AutoEP layout not chosen ("none": neither)
+    model_parallel_alternatives: tuple[tuple[str, Evaluation, str], ...] = ()
 
     @property
     def feasible(self) -> bool:
@@ -96,17 +101,77 @@ class _Structure:
     zeropp: str
     checkpointing: Checkpointing
     long_context: LongContext = LongContext()
+    model_parallel: ModelParallel = ModelParallel()
+
+    @property
+    def batch_ranks_divisor(self) -> int:
+        """GPUs per distinct micro-batch: the Ulysses degree times the AutoTP degree."""
+        return self.long_context.sequence_parallel_size * self.model_parallel.tensor_parallel_size
 
 
 def _structures(spec: Spec, search: bool = False) -> Iterator[_Structure]:
-    """:func:`_base_structures` times the long-context choices each allows (Ulysses degree
-    ascending, then tiling and checkpoint offload, fewest tricks first); without ``search``
-    the unpinned long-context dimensions stay off (see :func:`solve`)."""
+    """:func:`_base_structures` times the model-parallel layouts each allows (none first) and the
+    long-context choices (Ulysses degree ascending, then tiling and checkpoint offload, fewest
+    tricks first); without ``search`` the unpinned long-context dimensions stay off (see
+    :func:`solve`)."""
     degrees = sequence_parallel_degrees(spec, search)
+    layouts = model_parallel_layouts(spec)
     for base in _base_structures(spec):
-        for sp in degrees:
-            for long_context in long_context_choices(spec, sp, base.checkpointing, search):
-                yield replace(base, long_context=long_context)
+        for layout in layouts:
+            for sp in degrees:
+                if sp > 1 and layout.tensor_parallel_size > 1:
+                    continue  # AutoTP and Ulysses exclude each other (dsgen.model_parallel)
+                if _refused(spec, base, layout, sp):
+                    continue
+                for long_context in long_context_choices(spec, sp, base.checkpointing, search):
+                    yield replace(base, long_context=long_context, model_parallel=layout)
+
+
+def model_parallel_layouts(spec: Spec) -> list[ModelParallel]:
+    """The AutoTP and AutoEP layouts to search: none, then each TP degree, then each EP degree
+    (dsgen.model_parallel_choices; dsgen does not combine the two). A fully pinned spec keeps
+    its pins, and ``auto`` is off there, as for Ulysses."""
+    c = spec.constraints
+    if c.fully_pinned:
+        return [ModelParallel(c.tensor_parallel_size or 1, c.expert_parallel_size or 1)]
+    tps = tensor_parallel_degrees(spec) if c.expert_parallel_size in (None, 1) else (1,)
+    eps = expert_parallel_degrees(spec) if c.tensor_parallel_size in (None, 1) else (1,)
+    layouts = [ModelParallel(tp, 1) for tp in tps] + [ModelParallel(1, ep) for ep in eps if ep > 1]
+    return list(dict.fromkeys(layouts))
+
+
+def _refused(spec: Spec, base: _Structure, layout: ModelParallel, sp: int) -> bool:
+    """Whether the spec's DeepSpeed release refuses this structure's model-parallel layout
+    (:func:`dsgen.model_parallel.violations`, the rules ``validate`` and ``doctor`` apply), or the
+    spec's target cannot run it (``new`` would refuse the plan)."""
+    if not layout.active:
+        return False
+    ep = layout.expert_parallel_size
+    if target_violation(spec.output.target, layout.tensor_parallel_size, ep, base.stage) is not None:
+        return True  # the spec's target cannot run it (dsgen.targets.model_parallel)
+    model = spec.model
+    found = violations(
+        Layout(
+            world=spec.hardware.world_size,
+            tp=layout.tensor_parallel_size,
+            ep=ep,
+            autoep=ep > 1,
+            sp=sp,
+            zero_stage=base.stage,
+            offload_optimizer=base.offload_optimizer != "none",
+            offload_param=base.offload_param != "none",
+            quantized_gradients="qgz" in base.zeropp,
+            hpz=2 if "hpz" in base.zeropp else 1,
+            release=spec.training.deepspeed_version,
+            ep_preset=autoep_preset_for(model.family, spec.training.deepspeed_version) if ep > 1 else None,
+            model=ModelFacts(
+                moe_experts=(model.num_experts,) * model.moe_layers if model.is_moe else None,
+                model_type=model.family,
+                kv_heads=model.num_key_value_heads,
+            ),
+        )
+    )
+    return any(v.raises for v in found)
 
 
 def _base_structures(spec: Spec) -> Iterator[_Structure]:
@@ -161,6 +226,16 @@ def _base_structures(spec: Spec) -> Iterator[_Structure]:
 def _no_plan_for_pins(spec: Spec) -> DsgenError:
     """The error for pins that leave nothing to search (issue 14: was ``min()`` of nothing)."""
     c = spec.constraints
+    layout = ModelParallel(c.tensor_parallel_size or 1, c.expert_parallel_size or 1)
+    if layout.active:
+        # a pinned AutoTP / AutoEP degree the target cannot run at any pinned stage: the target's reason
+        stages = [c.zero_stage] if c.zero_stage is not None else [0, 1, 2, 3]
+        tp, ep = layout.tensor_parallel_size, layout.expert_parallel_size
+        refusals = [target_violation(spec.output.target, tp, ep, stage) for stage in stages]
+        first = refusals[0]
+        if first is not None and all(refusals):
+            why, hint = first
+            return DsgenError(why, path="output.target", location=spec.location("output.target"), hint=hint)
     pins = {
         "zero_stage": c.zero_stage,
         "offload_optimizer": c.offload_optimizer,
@@ -202,7 +277,7 @@ def _search(
     """
     dp = spec.hardware.world_size
     precision = resolve_precision(spec)
-    splits_by_sp = _splits_by_degree(spec, global_batch, long_search)
+    splits_by_divisor = _splits_by_degree(spec, global_batch, long_search)
     # (structure without its tricks, micro, accum) -> the trick sets that fit there: a plan with
     # more tricks than one that fits uses less GPU memory but never less time, so it is skipped
     fitted: dict[tuple[_Structure, int, int], list[LongContext]] = {}
@@ -222,7 +297,7 @@ def _search(
     #    structure and Ulysses degree can: one probe per (structure, degree) decides.
     probes: dict[_Structure, bool] = {}
     for st in _structures(spec, long_search):
-        splits = splits_by_sp[st.long_context.sequence_parallel_size]
+        splits = splits_by_divisor.get(st.batch_ranks_divisor, [])
         if not splits:
             continue
         plain = replace(
@@ -275,6 +350,7 @@ def _plan(st: _Structure, precision: Precision, knobs: ZeroKnobs, micro: int, ac
         knobs=knobs,
         offload_ratio=st.offload_ratio,
         long_context=st.long_context,
+        model_parallel=st.model_parallel,
     )
 
 
@@ -316,55 +392,67 @@ def fits_any(spec: Spec) -> bool:
     """
     global_batch = global_batch_target(spec).sequences
     search = spec.constraints.long_context_searchable
-    splits_by_sp = _splits_by_degree(spec, global_batch, search)
-    degrees = [d for d in sequence_parallel_degrees(spec, search) if splits_by_sp[d]]
+    splits_by_divisor = _splits_by_degree(spec, global_batch, search)
+    degrees = [d for d in sequence_parallel_degrees(spec, search) if splits_by_divisor.get(d)]
     precision = resolve_precision(spec)
     usable_gpu, usable_cpu = usable_bytes(spec)
     leanest_knobs = {stage: knob_variants(spec.model, stage)[-1] for stage in range(4)}
+    layouts = model_parallel_layouts(spec)
     for base in reversed(list(_base_structures(spec))):
         knobs = _knob_variants_for(spec, base, [leanest_knobs[base.stage]])[0]
-        for sp in dict.fromkeys((degrees[-1], degrees[0])) if degrees else ():
-            choices = long_context_choices(spec, sp, base.checkpointing, search)
-            lean = {choices[-1], replace(choices[-1], checkpoint_offload=False)} & set(choices)
-            micro, accum = splits_by_sp[sp][0]
-            for long_context in lean:
-                st = replace(base, long_context=long_context)
-                plan = _plan(st, precision, knobs, micro, accum, spec.hardware.world_size)
-                memory = estimate_memory(
-                    spec.model,
-                    plan,
-                    spec.hardware,
-                    spec.training,
-                    logits_released=spec.output.logits_released,
-                    trainer_saves_model=spec.output.trainer_saves_model,
-                )
-                if (
-                    memory.gpu.total <= usable_gpu
-                    and memory.cpu.total <= usable_cpu
-                    and memory.nvme.total <= memory.nvme.capacity
-                    and kernel_limit(spec.model, plan, spec.training.sequence_length, spec.training.attention) is None
-                ):
-                    return True
+        for layout in reversed(layouts):  # the largest degrees hold the least
+            for sp in dict.fromkeys((degrees[-1], degrees[0])) if degrees else ():
+                if (sp > 1 and layout.tensor_parallel_size > 1) or _refused(spec, base, layout, sp):
+                    continue
+                splits = splits_by_divisor.get(sp * layout.tensor_parallel_size)
+                if not splits:
+                    continue
+                choices = long_context_choices(spec, sp, base.checkpointing, search)
+                lean = {choices[-1], replace(choices[-1], checkpoint_offload=False)} & set(choices)
+                micro, accum = splits[0]
+                for long_context in lean:
+                    st = replace(base, long_context=long_context, model_parallel=layout)
+                    plan = _plan(st, precision, knobs, micro, accum, spec.hardware.world_size)
+                    memory = estimate_memory(
+                        spec.model,
+                        plan,
+                        spec.hardware,
+                        spec.training,
+                        logits_released=spec.output.logits_released,
+                        trainer_saves_model=spec.output.trainer_saves_model,
+                    )
+                    if (
+                        memory.gpu.total <= usable_gpu
+                        and memory.cpu.total <= usable_cpu
+                        and memory.nvme.total <= memory.nvme.capacity
+                        and kernel_limit(spec.model, plan, spec.training.sequence_length, spec.training.attention)
+                        is None
+                    ):
+                        return True
     return False
 
 
 def _splits_by_degree(spec: Spec, global_batch: int, long_search: bool) -> dict[int, list[tuple[int, int]]]:
-    """(micro-batch, accumulation) splits for each Ulysses degree: the batch is met over the
-    world / SP data-parallel ranks. A pin that fits no split is an error for the smallest degree
-    (as without SP) and simply leaves the larger degrees without plans."""
+    """(micro-batch, accumulation) splits for each number of GPUs that share one micro-batch (the
+    Ulysses degree, or the AutoTP degree): the batch is met over world / that many data-parallel
+    ranks. A pin that fits no split is an error without either (as without SP) and simply leaves
+    the larger degrees without plans."""
     world = spec.hardware.world_size
-    degrees = sequence_parallel_degrees(spec, long_search)
+    tps = {layout.tensor_parallel_size for layout in model_parallel_layouts(spec)}
+    divisors = sorted(
+        {sp * tp for sp in sequence_parallel_degrees(spec, long_search) for tp in tps if sp == 1 or tp == 1}
+    )
     splits: dict[int, list[tuple[int, int]]] = {}
-    for sp in degrees:
-        if global_batch % (world // sp):  # met at a larger degree (global_batch_target)
-            splits[sp] = []
+    for divisor in divisors:
+        if global_batch % (world // divisor):  # met at a larger degree (global_batch_target)
+            splits[divisor] = []
             continue
         try:
-            splits[sp] = batch_splits(spec, world // sp, global_batch)
+            splits[divisor] = batch_splits(spec, world // divisor, global_batch)
         except DsgenError:
-            if sp == degrees[0]:
+            if divisor == divisors[0]:
                 raise
-            splits[sp] = []
+            splits[divisor] = []
     return splits
 
 
@@ -420,6 +508,8 @@ def solve(spec: Spec, accounting: Accounting = "dsgen") -> SolveResult:
         # four are searched jointly with the others.
         more, counted = _search(spec, target.sequences, accounting, long_search=True)
         evaluations, evaluated = evaluations + more, evaluated + counted
+    if not evaluations:  # every structure lacked a batch split it could run
+        raise _no_plan_for_pins(spec)
     feasible = rank_within_error([e for e in evaluations if e.feasible], spec.model)
     closest = None if feasible else min(evaluations, key=lambda e: (e.shortfall(), rank_key(e)))
     fastest_s = min((e.step.total_s for e in feasible), default=None)
@@ -437,27 +527,47 @@ def solve(spec: Spec, accounting: Accounting = "dsgen") -> SolveResult:
             continue
         top = _best_of(of_stage, spec.model)
         alternatives.append(Alternative(stage, top, _compare(top, best, fastest_s)))
-    offload_choices = []
-    if shown is not None:
-        by_label: dict[str, list[Evaluation]] = {}
-        for e in evaluations:
-            by_label.setdefault(e.plan.offload_label(), []).append(e)
-        by_label.pop(shown.plan.offload_label(), None)
-        for label in sorted(by_label):
-            top = _best_of(by_label[label], spec.model)
-            offload_choices.append((label, top, _compare(top, best, fastest_s)))
+    offload_choices = _roads_not_taken(evaluations, shown, best, fastest_s, spec.model, Plan.offload_label)
     return SolveResult(
         spec=spec,
         best=best,
         ranked=tuple(feasible),
         alternatives=tuple(alternatives),
         offload_alternatives=tuple(offload_choices),
+        model_parallel_alternatives=_roads_not_taken(evaluations, shown, best, fastest_s, spec.model, _layout_label),
         closest=closest,
         candidates_evaluated=evaluated,
         fully_pinned=pinned,
         batch_note=target.note,
         accounting=accounting,
     )
+
+
+def _layout_label(plan: Plan) -> str:
+    return plan.model_parallel.label() or "none"
+
+
+def _roads_not_taken(
+    evaluations: list[Evaluation],
+    shown: Evaluation | None,
+    best: Evaluation | None,
+    fastest_s: float | None,
+    shape: ModelShape,
+    label_of: Callable[[Plan], str],
+) -> tuple[tuple[str, Evaluation, str], ...]:
+    """The best plan of each value of one choice (``label_of``) other than the shown plan's, and
+    how it compares: what ``explain`` lists under that choice."""
+    if shown is None:
+        return ()
+    by_label: dict[str, list[Evaluation]] = {}
+    for e in evaluations:
+        by_label.setdefault(label_of(e.plan), []).append(e)
+    by_label.pop(label_of(shown.plan), None)
+    found = []
+    for label in sorted(by_label):
+        top = _best_of(by_label[label], shape)
+        found.append((label, top, _compare(top, best, fastest_s)))
+    return tuple(found)
 
 
 def require_feasible(result: SolveResult) -> Evaluation:

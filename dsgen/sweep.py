@@ -297,4 +297,7 @@ def manifest_row(sweep: Sweep, outcome: Outcome, written: list[str]) -> dict[str
         # after files, for the same reason: what starts the run, and which of its files those are
         "launcher": outcome.launcher,
         "launch_files": [p for p in (f"{outcome.run.name}/{name}" for name in outcome.launch_files) if p in written],
+        # model parallelism (issue 42), appended for the same reason
+        "tensor_parallel_size": plan.tensor_parallel_size if plan else None,
+        "expert_parallel_size": plan.expert_parallel_size if plan else None,
     }

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 
 from dsgen.api import load_spec, render_plan, solve_spec
+from dsgen.plan import Plan
 from dsgen.spec.loader import spec_from_data
 from dsgen.spec.yaml_source import SourceMap
 from dsgen.validate import validate_config
@@ -25,7 +26,7 @@ def oracle() -> Any:
     return ds_oracle
 
 
-def _render(spec_data: dict[str, Any]) -> tuple[dict[str, Any], int] | None:
+def _render(spec_data: dict[str, Any]) -> tuple[dict[str, Any], Plan] | None:
     spec = spec_from_data(spec_data, SourceMap(None), base_dir=EXAMPLES_DIR)
     result = solve_spec(spec)
     if not result.feasible:
@@ -33,7 +34,7 @@ def _render(spec_data: dict[str, Any]) -> tuple[dict[str, Any], int] | None:
     assert result.best is not None
     plan = result.best.plan
     rendered = render_plan(spec, plan)
-    return rendered.config, plan.batch_parallel_size  # the batch's data-parallel ranks (world / SP)
+    return rendered.config, plan
 
 
 @pytest.mark.parametrize("example", sorted(EXAMPLES_DIR.glob("*.yaml")), ids=lambda p: p.stem)
@@ -44,12 +45,21 @@ def test_every_example_is_accepted_by_deepspeed(example: Path, oracle: Any) -> N
     assert result.best is not None
     plan = result.best.plan
     config = render_plan(spec, plan).config
-    dp = plan.batch_parallel_size  # the batch's data-parallel ranks (world / SP)
-    assert validate_config(config, world_size=dp).ok
-    assert config["train_batch_size"] == (
-        config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * dp
-    )
-    oracle.parse_with_deepspeed(config, dp)
+    _deepspeed_batch(config, plan, oracle, spec.training.global_batch_size)
+
+
+def _deepspeed_batch(config: dict[str, Any], plan: Plan, oracle: Any, global_batch: int | None) -> None:
+    """DeepSpeed's own parser on the plan's world, and the samples a step trains. ``dp`` is the
+    ranks with distinct micro-batches (world / SP / TP). Without an mpu DeepSpeed divides the world by
+    SP only, so under AutoTP it counts every rank of a TP group (docs/model-parallel-measurements.md)."""
+    dp = plan.batch_parallel_size
+    tp = plan.tensor_parallel_size
+    assert validate_config(config, world_size=dp * tp).ok
+    parsed = oracle.parse_with_deepspeed(config, dp, world_size=plan.data_parallel_size if tp > 1 else None)
+    micro, accumulation = parsed.train_micro_batch_size_per_gpu, parsed.gradient_accumulation_steps
+    assert parsed.train_batch_size == micro * accumulation * dp * tp
+    if global_batch is not None:
+        assert micro * accumulation * dp == global_batch
 
 
 @settings(
@@ -63,12 +73,9 @@ def test_random_specs_render_configs_deepspeed_accepts(spec_data: dict[str, Any]
     outcome = _render(spec_data)
     assume(outcome is not None)
     assert outcome is not None
-    config, dp = outcome
-    report = validate_config(config, world_size=dp)  # (a) our schema and rules
-    assert report.ok, [f.message for f in report.errors]
-    mb, ga = config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]
-    assert config["train_batch_size"] == mb * ga * dp == spec_data["training"]["global_batch_size"]  # (b)
-    oracle.parse_with_deepspeed(config, dp)  # (c) DeepSpeed's own parser at the plan's DP size
+    config, plan = outcome
+    # our schema and rules, DeepSpeed's own parser at the plan's world, and the spec's batch met
+    _deepspeed_batch(config, plan, oracle, spec_data["training"]["global_batch_size"])
 
 
 TINY_SPEC = """\

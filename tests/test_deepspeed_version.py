@@ -167,6 +167,8 @@ def test_the_solver_leaves_zero12_where_the_release_flattens_on_a_small_host() -
     """LLaMA-Factory #103's cluster: before 0.18.7 no ZeRO-1/2 plan fits its 256 GiB host, so the
     solver goes to ZeRO-3; on 0.19.8 ZeRO-1/2 flattens on the GPU and is the plan."""
     spec = LF103.replace("precision: fp16", "precision: bf16").replace("global_batch_size: 8", "global_batch_size: 64")
+    # the whole model flattened on the host: the run's layout, without AutoTP (which would flatten a shard)
+    spec = spec.replace("activation_checkpointing: true", "activation_checkpointing: true, tensor_parallel_size: 1")
     old = solve(_spec(spec.format(version="0.16")))
     new = solve(_spec(spec.format(version="0.19")))
     assert old.best is not None and new.best is not None

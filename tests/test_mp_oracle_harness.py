@@ -20,31 +20,13 @@ CPU ops are built (``prebuild_ops``: a first build adds minutes, outside the run
 from __future__ import annotations
 
 import math
-from functools import cache
 from typing import Any
 
 import pytest
 
-from tests.conftest import require_module
-from tests.mp_oracle import DEFAULT_CASE, RECORD_KEYS, ds_config_for, measure_mp, parse_records
-
-TP_CASES: dict[str, tuple[dict[str, Any], int]] = {
-    # the ZeRO-1 run also calls deepspeed.initialize once with train_batch_size over world // TP ranks
-    "llama-tp2-z1": ({"autotp_size": 2, "zero_stage": 1, "probe_batch_world_dp": True}, 2),
-    "llama-tp2-z2": ({"autotp_size": 2, "zero_stage": 2}, 2),
-    # Trainer's path: tp_model_init before initialize; from_pretrained refused, built under zero.Init
-    "llama-tp2-z3": ({"autotp_size": 2, "zero_stage": 3, "tp_model_init": True, "zero_init_fallback": True}, 2),
-    "llama-tp2xdp2-z2-bf16": ({"autotp_size": 2, "zero_stage": 2, "dtype": "bf16"}, 4),
-}
-EP_CASES: dict[str, tuple[dict[str, Any], int]] = {
-    "qwen3moe-ep2-z2": (
-        {"model": "qwen3_moe", "autoep_size": 2, "zero_stage": 2, "can_record_registry_shim": "retry"},
-        2,
-    ),
-    "mixtral-ep2-z2": ({"model": "mixtral", "autoep_size": 2, "zero_stage": 2, "can_record_registry_shim": "retry"}, 2),
-}
-CASES = {**TP_CASES, **EP_CASES}
-TP, EP = 2, 2
+from tests.mp_cases import CASES, EP, EP_CASES, TP, TP_CASES
+from tests.mp_cases import measured as _measured
+from tests.mp_oracle import DEFAULT_CASE, RECORD_KEYS, ds_config_for, parse_records
 
 AUTOEP_ERROR = (
     "TypeError: _CanRecordRegistry.get() takes 2 positional arguments but 3 were given "
@@ -57,14 +39,6 @@ ZERO3_TP_LOAD_ERROR = (
     "_apply_weight_conversions_to_state_dict; every model has the legacy renamings, so from_pretrained under "
     "ZeRO-3 with autotp_size > 1 always raises it)"
 )
-
-
-@cache
-def _measured(name: str) -> tuple[dict[str, Any], ...]:
-    for module in ("deepspeed", "transformers", "safetensors"):
-        require_module(module)
-    case, ranks = CASES[name]
-    return tuple(measure_mp(case, ranks=ranks))
 
 
 def _tp_groups(records: tuple[dict[str, Any], ...]) -> list[list[dict[str, Any]]]:

@@ -96,20 +96,22 @@ def test_70b_on_32_h100_runs_zero3_without_offload() -> None:
     """Issue 22: ZeRO-3's model states are 34.5 GB per GPU here, and an expert runs no offload; the
     solver took CPU optimizer offload for micro-batch 8 before the offload price was corrected and
     ties were ranked to the simpler plan."""
-    spec = _spec(
-        """
+    text = """
 model: {preset: llama-3.1-70b}
 hardware: {gpu: h100-80gb, gpus_per_node: 8, nodes: 4, cpu_memory_gib: 1024}
 training: {sequence_length: 2048, global_batch_size: 256}
 """
-    )
     from dsgen.solver import solve
 
-    result = solve(spec)
+    # the issue's question, asked before AutoTP was a dimension: ZeRO-3 without offload
+    result = solve(_spec(text + "constraints: {tensor_parallel_size: 1}\n"))
     assert result.best is not None and result.feasible
     plan = result.best.plan
     assert (plan.zero_stage, plan.offload_optimizer, plan.offload_param) == (3, "none", "none")
     assert result.best.fit.verdict == "fits"
+    # with AutoTP searched too, still no offload
+    best = solve(_spec(text)).best
+    assert best is not None and (best.plan.offload_optimizer, best.plan.offload_param) == ("none", "none")
 
 
 def test_band_and_offload_factor_are_the_measured_figures() -> None:

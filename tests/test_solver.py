@@ -60,7 +60,7 @@ def test_global_batch_is_met_exactly_and_plans_fit_by_their_own_numbers(data: di
     for e in result.ranked:
         p = e.plan
         assert (
-            p.micro_batch_size * p.gradient_accumulation_steps * p.data_parallel_size
+            p.micro_batch_size * p.gradient_accumulation_steps * p.batch_parallel_size
             == data["training"]["global_batch_size"]
         )
         assert e.memory.gpu.total <= e.usable_gpu_bytes
@@ -132,7 +132,7 @@ def test_zero2_single_step_split_is_found_after_an_accumulating_one_overflows() 
         "model: {preset: llama-3.1-8b}\n"
         "hardware: {gpu: h100-80gb, gpus_per_node: 4, nodes: 1, cpu_memory_gib: 1024}\n"
         "training: {sequence_length: 128, global_batch_size: 16, precision: fp32}\n"
-        "constraints: {zero_stage: 2, offload_optimizer: none, activation_checkpointing: false}\n"
+        "constraints: {zero_stage: 2, offload_optimizer: none, activation_checkpointing: false, tensor_parallel_size: 1}\n"
     )
     splits = {
         micro: solve_spec(replace(spec, constraints=replace(spec.constraints, micro_batch_size=micro)))
@@ -387,7 +387,8 @@ def test_top_table_and_explain(capsys) -> None:
     assert all(r["verdict"] == "fits" and r["fill"] <= r["safe_line"] for r in body["ranked"])
     explained = run_cli(["explain", example], capsys)
     assert explained.exit_code == 0
-    assert "ZeRO-0: does not fit: needs" in explained.stdout and "GiB per GPU" in explained.stdout
+    assert "ZeRO-0: " in explained.stdout and "GiB per GPU" in explained.stdout
+    assert "model parallelism (AutoTP / AutoEP) not chosen:\n  AutoTP 2: " in explained.stdout
     assert "offload choices not chosen:" in explained.stdout and "compute" in explained.stdout
 
 

@@ -20,7 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,7 +29,7 @@ from unittest import mock
 
 import pytest
 
-from dsgen.api import load_spec, render_bundle, solve_spec
+from dsgen.api import load_spec, render_bundle, solve_spec, spec_for_target
 from dsgen.errors import DsgenError
 from dsgen.output import MARKER
 from dsgen.plan import Plan
@@ -68,6 +68,25 @@ def plans() -> dict[str, tuple[Spec, Plan]]:
         assert result.best is not None, name
         out[name] = (spec, result.best.plan)
     return out
+
+
+@pytest.fixture(scope="module")
+def target_plans() -> Callable[[str, str], tuple[Spec, Plan]]:
+    """``(spec, plan)`` of a case solved for one target, as ``dsgen new --target`` solves it
+    (``api.spec_for_target``): a target that cannot run a layout (AutoTP under Lightning, say) is
+    never handed one."""
+    cache: dict[tuple[str, str], tuple[Spec, Plan]] = {}
+
+    def plan_for(name: str, target: str) -> tuple[Spec, Plan]:
+        if (name, target) not in cache:
+            file, overrides, *_rest = PLANS[name]
+            spec = spec_for_target(load_spec(EXAMPLES_DIR / file, overrides), target)
+            result = solve_spec(spec)
+            assert result.best is not None, (name, target)
+            cache[name, target] = (spec, result.best.plan)
+        return cache[name, target]
+
+    return plan_for
 
 
 def _expected(spec: Spec, name: str) -> tuple[int, int, int]:
@@ -176,7 +195,7 @@ def test_deepspeed_target_reports_the_defaults_it_applies(capsys: Any, tmp_path:
 @pytest.mark.deepspeed
 @pytest.mark.parametrize("name", sorted(PLANS))
 def test_hf_trainer_fills_every_auto_without_mismatch(
-    name: str, plans: dict[str, tuple[Spec, Plan]], tmp_path: Path
+    name: str, target_plans: Callable[[str, str], tuple[Spec, Plan]], tmp_path: Path
 ) -> None:
     require_module("transformers")
     require_module("accelerate")
@@ -185,7 +204,7 @@ def test_hf_trainer_fills_every_auto_without_mismatch(
 
     from tests import ds_oracle
 
-    spec, plan = plans[name]
+    spec, plan = target_plans(name, "hf-trainer")
     batch, nodes, gpus = _expected(spec, name)
     dp = nodes * gpus
     bundle = render_bundle(spec, plan, "hf-trainer")
@@ -205,8 +224,9 @@ def test_hf_trainer_fills_every_auto_without_mismatch(
     config = hf.config
     assert _autos(config) == [], _autos(config)
     parsed = ds_oracle.parse_with_deepspeed(config, dp)
-    assert parsed.train_batch_size == batch
-    assert parsed.train_micro_batch_size_per_gpu * parsed.gradient_accumulation_steps * dp == batch
+    # DeepSpeed counts every rank of a TP group in train_batch_size (docs/model-parallel-measurements.md)
+    assert parsed.train_batch_size == batch * plan.tensor_parallel_size
+    assert parsed.train_micro_batch_size_per_gpu * parsed.gradient_accumulation_steps * dp == batch * plan.tensor_parallel_size
     assert parsed.bfloat16_config.enabled == (plan.precision == "bf16") == args.bf16
     assert parsed.float16_config.enabled == (plan.precision == "fp16") == args.fp16
     assert parsed.zero_optimization_stage == plan.zero_stage
@@ -234,7 +254,7 @@ def test_hf_trainer_fills_every_auto_without_mismatch(
 @pytest.mark.deepspeed
 @pytest.mark.parametrize("name", sorted(PLANS))
 def test_accelerate_reads_the_config_and_fills_its_autos(
-    name: str, plans: dict[str, tuple[Spec, Plan]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    name: str, target_plans: Callable[[str, str], tuple[Spec, Plan]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     require_module("accelerate")
     from accelerate.commands.config.config_args import load_config_from_file
@@ -242,7 +262,7 @@ def test_accelerate_reads_the_config_and_fills_its_autos(
 
     from tests import ds_oracle
 
-    spec, plan = plans[name]
+    spec, plan = target_plans(name, "accelerate")
     batch, nodes, gpus = _expected(spec, name)
     dest = _write(render_bundle(spec, plan, "accelerate"), tmp_path)
     cfg = load_config_from_file(str(dest / "accelerate_config.yaml"))
@@ -271,7 +291,7 @@ def test_accelerate_reads_the_config_and_fills_its_autos(
     config = plugin.deepspeed_config
     assert _autos(config) == []
     parsed = ds_oracle.parse_with_deepspeed(config, nodes * gpus)
-    assert parsed.train_batch_size == batch
+    assert parsed.train_batch_size == batch * plan.tensor_parallel_size  # every TP peer counted
     assert parsed.bfloat16_config.enabled == (plan.precision == "bf16")
     assert parsed.float16_config.enabled == (plan.precision == "fp16")
 
@@ -282,7 +302,7 @@ def test_accelerate_reads_the_config_and_fills_its_autos(
 @pytest.mark.deepspeed
 @pytest.mark.parametrize("name", sorted(PLANS))
 def test_lightning_builds_the_strategy_from_the_emitted_arguments(
-    name: str, plans: dict[str, tuple[Spec, Plan]], tmp_path: Path
+    name: str, target_plans: Callable[[str, str], tuple[Spec, Plan]], tmp_path: Path
 ) -> None:
     require_module("lightning")
     from lightning.fabric.strategies.deepspeed import _format_precision_config
@@ -291,7 +311,8 @@ def test_lightning_builds_the_strategy_from_the_emitted_arguments(
 
     from tests import ds_oracle
 
-    spec, plan = plans[name]
+    spec, plan = target_plans(name, "lightning")
+    assert not plan.model_parallel.active  # Lightning cannot run AutoTP or AutoEP (dsgen.targets.model_parallel)
     batch, nodes, gpus = _expected(spec, name)
     dest = _write(render_bundle(spec, plan, "lightning"), tmp_path)
     trainer_kwargs = json.loads((dest / "lightning_trainer.json").read_text())["trainer"]
@@ -323,14 +344,14 @@ def test_lightning_builds_the_strategy_from_the_emitted_arguments(
 @pytest.mark.parametrize("name", sorted(PLANS))
 @pytest.mark.parametrize("target", TARGETS)
 def test_emitted_json_passes_validate_for_its_target(
-    name: str, target: str, plans: dict[str, tuple[Spec, Plan]]
+    name: str, target: str, target_plans: Callable[[str, str], tuple[Spec, Plan]]
 ) -> None:
-    spec, plan = plans[name]
+    spec, plan = target_plans(name, target)
     config = render_bundle(spec, plan, target).config
-    report = validate_config(config, world_size=plan.data_parallel_size, target=target)
+    report = validate_config(config, world_size=plan.deepspeed_batch_world, target=target)
     assert report.ok, [f.message for f in report.errors]
     if target != "deepspeed":  # read by plain DeepSpeed, every "auto" the framework would fill is reported
-        plain = validate_config(config, world_size=plan.data_parallel_size)
+        plain = validate_config(config, world_size=plan.deepspeed_batch_world)
         assert sorted(f.pointer for f in plain.findings if f.rule_id == "auto-value") == sorted(_autos(config))
 
 
@@ -362,13 +383,13 @@ NO_LAUNCH_SCRIPT = frozenset({"none", "kubernetes", "pytorchjob"})
 
 @pytest.mark.parametrize("name", sorted(PLANS))
 def test_every_launch_script_passes_bash_and_shellcheck(
-    name: str, plans: dict[str, tuple[Spec, Plan]], tmp_path: Path
+    name: str, target_plans: Callable[[str, str], tuple[Spec, Plan]], tmp_path: Path
 ) -> None:
     shellcheck = _shellcheck()
-    spec, plan = plans[name]
-    _, nodes, gpus = _expected(spec, name)
     scripts = []
     for target in TARGETS:
+        spec, plan = target_plans(name, target)
+        _, nodes, gpus = _expected(spec, name)
         for launcher in ALLOWED_LAUNCHERS[target]:
             if launcher in NO_LAUNCH_SCRIPT:
                 continue

@@ -256,7 +256,8 @@ constraints: {activation_checkpointing: false}
     for fix in batch_fixes:
         micro = fix.evaluation.plan.micro_batch_size
         accum = fix.evaluation.plan.gradient_accumulation_steps
-        assert micro * accum * 8 == 64 and dict(fix.changes)["train_micro_batch_size_per_gpu"] == micro
+        ranks = fix.evaluation.plan.batch_parallel_size  # 8, or 8 / TP where the fix adds AutoTP
+        assert micro * accum * ranks == 64 and dict(fix.changes)["train_micro_batch_size_per_gpu"] == micro
     for fix in d.fixes:
         assert fix.evaluation.feasible
 

@@ -20,6 +20,7 @@ from dsgen.estimate.model_states import ModelStates, model_states
 from dsgen.estimate.objectives import GENERATION_OBJECTIVES, objective_memory, sequences_per_sample
 from dsgen.estimate.optimizers import step_temporary_bytes
 from dsgen.estimate.sequence_parallel import long_context_memory
+from dsgen.estimate.sharding import rank_shape
 from dsgen.estimate.trainable import largest_dequantized, parameter_split
 from dsgen.estimate.zero12_offload import offload_write_back_copy, zero12_pinned_rounding, zero12_staging_bytes
 from dsgen.plan import Plan
@@ -343,7 +344,7 @@ def zero12_host_flattening(states: ModelStates, plan: Plan, hardware: Hardware, 
     if plan.zero_stage not in (1, 2):
         return 0
     model = loaded_model_bytes(states, plan)
-    flat = plan.dtype_bytes * states.partitioning.zero12_slice * states.partitioning.ranks
+    flat = plan.dtype_bytes * states.partitioning.flat_elements
     on_device = release_key(deepspeed_version) >= ZERO12_DEVICE_FLATTENING_SINCE
     if on_device and hardware.gpu.memory_bytes - model >= flat:
         return 0
@@ -438,14 +439,17 @@ def estimate_memory(
         startup = process
     else:
         raise ValueError(f"unknown accounting {accounting!r}; expected one of {ACCOUNTINGS}")
-    zero_buffers = buffer_bytes(shape, plan)
+    # what one rank runs: under AutoTP its heads and MLP width, under AutoEP its experts
+    # (dsgen.estimate.sharding); the model as a whole otherwise
+    local = rank_shape(shape, plan)
+    zero_buffers = buffer_bytes(local, plan)
     # activations, the loss or rebuilt-layer transient, and whatever Ulysses SP, tiling and
     # checkpoint offload change (a plan without them is the one-GPU, untiled case); a paired
     # objective runs both sequences of each sample in one micro-batch
     sequences = sequences_per_sample(finetuning.objective)
     forward_plan = plan if sequences == 1 else replace(plan, micro_batch_size=sequences * plan.micro_batch_size)
-    long = long_context_memory(shape, forward_plan, training, logits_released)
-    acts = long.activations.total + method_activation_delta(shape, forward_plan, training, finetuning, long.activations)
+    long = long_context_memory(local, forward_plan, training, logits_released)
+    acts = long.activations.total + method_activation_delta(local, forward_plan, training, finetuning, long.activations)
     transient = max(long.transient, plan.dtype_bytes * largest_dequantized(split))
     checkpoints = hardware.gpus_per_node * long.host_per_rank
     save = checkpoint_save(shape, states, plan, hardware.gpus_per_node, trainer_saves_model)

@@ -53,6 +53,7 @@ from itertools import accumulate
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.estimate.optimizers import flat_state_bytes, state_bytes
 from dsgen.estimate.parameter_layout import parameter_shapes, parameter_tensors, persistent_parameters
+from dsgen.estimate.sharding import rank_split
 from dsgen.estimate.swap_buffers import nvme_buffers
 from dsgen.estimate.trainable import FrozenBytes, ParameterSplit, frozen_bytes, full_split
 from dsgen.plan import Plan
@@ -139,11 +140,38 @@ def zero3_layout(shape: ModelShape, ranks: int, persistence_threshold: int, sub_
     return _zero3_layout(full_split(shape), ranks, persistence_threshold, sub_group_size)
 
 
+def _expert_start(split: ParameterSplit) -> int:
+    """Index of the first of AutoEP's local experts, the tail of the split (its length without)."""
+    tensors, start, held = split.trainable, len(split.trainable), 0
+    while held < split.local_experts:
+        start -= 1
+        held += tensors[start]
+    return start
+
+
+def _tensor_ranks(split: ParameterSplit, ranks: int, world: int, expert_ranks: int) -> list[int]:
+    """The ranks each trained tensor is partitioned over: ``ranks``, except AutoTP's replicated
+    tensors (the whole world) and AutoEP's local experts (the expert-data-parallel group);
+    dsgen.estimate.sharding says why."""
+    count = len(split.trainable)
+    out = [world if split.replicated and split.replicated[i] else ranks for i in range(count)]
+    start = _expert_start(split)
+    return out[:start] + [expert_ranks] * (count - start)
+
+
 @lru_cache(maxsize=1024)
-def _zero3_layout(split: ParameterSplit, ranks: int, persistence_threshold: int, sub_group_size: int) -> Zero3Layout:
-    """The layout of the trained tensors (frozen ones have no sub-groups: :func:`frozen_bytes`)."""
+def _zero3_layout(
+    split: ParameterSplit,
+    ranks: int,
+    persistence_threshold: int,
+    sub_group_size: int,
+    world: int = 0,
+    expert_ranks: int = 0,
+) -> Zero3Layout:
+    """The layout of the trained tensors (frozen ones have no sub-groups: :func:`frozen_bytes`);
+    ``world`` and ``expert_ranks``: the groups of AutoTP's replicated tensors and AutoEP's experts."""
     tensors = split.trainable
-    parts = [-(-n // ranks) for n in tensors]
+    parts = [-(-n // r) for n, r in zip(tensors, _tensor_ranks(split, ranks, world, expert_ranks), strict=True)]
     total = sum(parts)
     groups: list[int] = []
     if not total:
@@ -188,6 +216,9 @@ class Partitioning:
     # the largest (``stage3.py``, ``_optimizer_step`` per ``sub_group_id``).
     stepped: int
     split: ParameterSplit  # what trains (P and every count above are of its trained tensors)
+    # ZeRO-1/2: elements of the rank's flat 16-bit groups, padding included (one group, or AutoEP's
+    # dense and expert groups); 0 at other stages
+    flat_elements: int = 0
 
 
 def partitioning(shape: ModelShape, plan: Plan, split: ParameterSplit | None = None) -> Partitioning:
@@ -199,15 +230,19 @@ def partitioning(shape: ModelShape, plan: Plan, split: ParameterSplit | None = N
     swapper would need it."""
     whole = full_split(shape)
     split = whole if split is None else split
+    split = rank_split(shape, plan.tensor_parallel_size, plan.expert_parallel_size, split)
     p = shape.parameter_count() if split is whole else split.trainable_count
-    n = plan.data_parallel_size
+    n = plan.zero_ranks
     stage = plan.zero_stage
     zero12 = stage in (1, 2)
     k = plan.knobs
     layout = None
     if stage == 3 or plan.offload_optimizer == "nvme":
-        layout = _zero3_layout(split, n, k.param_persistence_threshold, k.sub_group_size)
-    slice_ = _zero12_partition(split, n) if zero12 else 0
+        layout = _zero3_layout(
+            split, n, k.param_persistence_threshold, k.sub_group_size, plan.data_parallel_size, plan.expert_zero_ranks
+        )
+    groups = _zero12_groups(split, n, plan.expert_zero_ranks)
+    slice_ = sum(_zero12_partition(g, r) for g, r in groups) if zero12 else 0
     stepped = p
     if zero12:
         stepped = slice_
@@ -216,14 +251,25 @@ def partitioning(shape: ModelShape, plan: Plan, split: ParameterSplit | None = N
     return Partitioning(
         parameters=p,
         ranks=n,
-        even_share=-(-p // n),
+        even_share=sum(-(-g.trainable_count // r) for g, r in groups),
         largest_tensor=_largest_tensor(split),
         zero12_slice=slice_,
-        zero12_gradient_buffer=_zero12_gradient_buffer(split, n) if zero12 else 0,
+        zero12_gradient_buffer=sum(_zero12_gradient_buffer(g, r) for g, r in groups) if zero12 else 0,
         zero3=layout,
         stepped=stepped,
         split=split,
+        flat_elements=sum(_zero12_partition(g, r) * r for g, r in groups) if zero12 else 0,
     )
+
+
+def _zero12_groups(split: ParameterSplit, ranks: int, expert_ranks: int) -> list[tuple[ParameterSplit, int]]:
+    """ZeRO-1/2's flat groups and the ranks each is partitioned over: one, or under AutoEP the
+    dense tensors over the data-parallel group and the local experts over the expert-data-parallel
+    group (dsgen.estimate.sharding)."""
+    if not split.local_experts:
+        return [(split, ranks)]
+    tensors, start = split.trainable_shapes, _expert_start(split)
+    return [(ParameterSplit(trainable_shapes=tensors[:start]), ranks), (ParameterSplit(trainable_shapes=tensors[start:]), expert_ranks)]
 
 
 @dataclass(frozen=True)  # one per candidate plan
@@ -305,7 +351,7 @@ def _gradients_by_phase(shape: ModelShape, plan: Plan, parts: Partitioning) -> t
         # 16-bit: FP16_Optimizer adds a flat fp32 copy; fp32: no wrapper, param.grad is stepped
         return w * p, w * p + (FP32 * p if plan.mixed_precision else 0)
     if stage < 3:
-        whole = w * p if stage == 1 else 0
+        whole = w * p if stage == 1 else 0  # (p: what the rank holds, under AutoTP or AutoEP too)
         if offloaded:
             staging = w * parts.largest_tensor
             return whole + staging, staging
@@ -356,7 +402,7 @@ def _parameters_and_states(shape: ModelShape, plan: Plan, parts: Partitioning, o
 
     if stage < 3:
         size = parts.zero12_slice
-        params = w * size * parts.ranks  # the flat 16-bit group, padding included
+        params = w * parts.flat_elements  # the flat 16-bit groups, padding included
         return params, 0 if offloaded else FP32 * size + flat_state_bytes(optimizer, (size,))
 
     layout = _zero3(parts)

@@ -12,10 +12,18 @@ from functools import lru_cache
 from math import prod
 
 from dsgen.catalog.model_shape import ModelShape
+from dsgen.estimate.model_parallel_time import (
+    model_parallel_comm_s,
+    node_ring_elements,
+    partition_elements,
+    ring_elements,
+    zero_groups,
+)
 from dsgen.estimate.model_states import parameter_shapes, parameter_tensors
 from dsgen.estimate.objectives import reference_source, sequences_per_sample
 from dsgen.estimate.optimizers import flat_state_bytes
 from dsgen.estimate.sequence_parallel_time import long_context_time
+from dsgen.estimate.sharding import rank_shape
 from dsgen.estimate.trainable import parameter_split
 from dsgen.plan import Plan
 from dsgen.spec.types import Hardware, Training
@@ -124,7 +132,9 @@ def method_flops_factor(shape: ModelShape, training: Training, trained: int) -> 
 
 def estimate_step_time(shape: ModelShape, plan: Plan, hardware: Hardware, training: Training) -> StepTime:
     """Predict the wall time of one optimizer step (pure function of its inputs): compute, the
-    communication compute does not hide, and offload traffic, each priced by its own function."""
+    communication compute does not hide, and offload traffic, each priced by its own function.
+    AutoTP's all-reduces and AutoEP's all-to-alls are synchronous on the compute stream, so they
+    join the exposed communication whole (:mod:`dsgen.estimate.model_parallel_time`)."""
     flops = model_flops_per_token(shape, training.sequence_length) * tokens_per_step(plan, training)
     trained = trained_parameters(shape, training)
     flops *= method_flops_factor(shape, training, trained)
@@ -148,6 +158,8 @@ def estimate_step_time(shape: ModelShape, plan: Plan, hardware: Hardware, traini
         compute = compute_s(shape, plan, hardware, training, flops)
         exposed = exposed_communication_s(shape, plan, hardware, compute, trained)
         offload = offload_s(shape, plan, hardware, training, trained)
+    if plan.model_parallel.active:
+        exposed += model_parallel_comm_s(shape, plan, hardware, training, COLLECTIVE_EFFICIENCY, COLLECTIVE_LATENCY_S)
     return StepTime(
         compute_s=compute,
         exposed_comm_s=exposed,
@@ -209,7 +221,14 @@ def compute_s(
     """Seconds of compute per step: the model's FLOPs plus what backward recomputes, at the assumed
     MFU scaled by micro-batch efficiency; ZeRO-3's hooks and gathers slow compute further.
     ``attention_apart``: the attention core is priced elsewhere (long-context plans), so selective
-    recomputation, which recomputes only that core, adds nothing here."""
+    recomputation, which recomputes only that core, adds nothing here.
+
+    ``model_flops`` counts the step's distinct samples (:attr:`Plan.global_batch_size`) and is
+    spread over every GPU, so the time is per GPU whatever the model parallelism: under AutoTP the
+    ``tp`` ranks of a group run the same micro-batch, each with ``1/tp`` of the layer and head FLOPs,
+    and ``world / tp`` groups meet the global batch, so a rank's share, ``micro·accum·s·flops/token
+    / tp``, is the whole model's FLOPs over the world. Under AutoEP the tokens go to the ranks that
+    hold their experts, so each rank's expert FLOPs are the active ones on average."""
     s = training.sequence_length
     hardware_flops = model_flops
     if plan.checkpointing == "full":
@@ -233,7 +252,7 @@ def exposed_communication_s(
     overlappable, blocking = communication_s(shape, plan, hardware, trained)
     exposed = max(0.0, overlappable - hidden_communication_s(shape, plan, compute)) + blocking
     exposed += hook_s(shape, plan)
-    return exposed + collective_latency_s(shape, plan, hardware) if plan.data_parallel_size > 1 else exposed
+    return exposed + collective_latency_s(shape, plan, hardware) if plan.zero_ranks > 1 else exposed
 
 
 @lru_cache(maxsize=256)  # a property of the model and one knob, asked for every candidate
@@ -253,12 +272,13 @@ def hook_s(shape: ModelShape, plan: Plan) -> float:
     and again in a checkpointed recompute (``parameter_offload.py`` ``_pre_forward_module_hook``
     -> ``partitioned_param_coordinator.py`` ``fetch_sub_module``), each micro-step. ZeRO-2: one
     gradient hook per parameter tensor every micro-step; ZeRO-1 runs its loop once, at the boundary
-    (the difference is what ZERO2_HOOK_HOST_S measures).
+    (the difference is what ZERO2_HOOK_HOST_S measures). Under AutoTP/AutoEP ZeRO-3 fetches the
+    modules of the rank's model (:func:`dsgen.estimate.sharding.rank_shape`).
     """
     accum = plan.gradient_accumulation_steps
     if plan.zero_stage == 3:
         passes = 3 if plan.checkpointing == "full" else 2
-        fetches = passes * zero3_fetched_modules(shape, plan.knobs.param_persistence_threshold)
+        fetches = passes * zero3_fetched_modules(rank_shape(shape, plan), plan.knobs.param_persistence_threshold)
         return accum * fetches * ZERO3_FETCH_HOST_S
     if plan.zero_stage == 2:
         return accum * len(parameter_tensors(shape)) * ZERO2_HOOK_HOST_S
@@ -270,18 +290,19 @@ def communication_s(
 ) -> tuple[float, float]:
     """(overlappable, blocking) seconds of ZeRO communication per step, by stage. ZeRO-0/1/2 move
     only the ``trained`` parameters' gradients and updated weights (frozen ones are not in their
-    flat group); ZeRO-3 gathers every parameter and reduces the trained ones' gradients."""
-    n = plan.data_parallel_size
+    flat group); ZeRO-3 gathers every parameter and reduces the trained ones' gradients. Under
+    AutoTP/AutoEP each rank moves what it holds over the group that partitions it
+    (:func:`dsgen.estimate.model_parallel_time.zero_groups`)."""
     p = shape.parameter_count() if trained is None else trained
     w = plan.dtype_bytes
-    ring = (n - 1) / n if n > 1 else 0.0
+    p_ring = ring_elements(zero_groups(shape, plan, p, hardware.gpus_per_node))  # p·(n−1)/n per group
     bandwidth = _collective_bandwidth(hardware)
     accum = plan.gradient_accumulation_steps
     if plan.zero_stage <= 1:
-        return 0.0, 2 * w * p * ring / bandwidth  # all-reduce / reduce-scatter + all-gather once per step
+        return 0.0, 2 * w * p_ring / bandwidth  # all-reduce / reduce-scatter + all-gather once per step
     if plan.zero_stage == 2:
-        overlappable = accum * w * p * ring / bandwidth  # reduce-scatter every micro-step
-        return overlappable, w * p * ring / bandwidth  # all-gather of updated parameters after the step
+        overlappable = accum * w * p_ring / bandwidth  # reduce-scatter every micro-step
+        return overlappable, w * p_ring / bandwidth  # all-gather of updated parameters after the step
     gathers, reduce = zero3_micro_step_comm_s(shape, plan, hardware, trained)
     # DeepSpeed 0.19.8 prefetches parameter all-gathers on the coordinator's own all-gather
     # stream in forward and backward whatever overlap_comm says; the gradient reduce-scatter
@@ -297,20 +318,27 @@ def hidden_communication_s(shape: ModelShape, plan: Plan, compute: float) -> flo
 
     ZeRO-1/2: with ``overlap_comm``, a share of backward (2/3 of compute). ZeRO-3: a share of all
     compute, forward and backward alike, but only as far as the prefetch bucket reaches ahead (one
-    pooled budget: a first-order simplification).
+    pooled budget: a first-order simplification). Under AutoTP/AutoEP a layer is the rank's layer
+    (:func:`dsgen.estimate.sharding.rank_shape`).
     """
     k = plan.knobs
     if plan.zero_stage == 3:
-        return OVERLAP_SHARE * compute * min(1.0, k.prefetch_bucket_size / max(shape.layer_parameters(), 1))
+        layer = rank_shape(shape, plan).layer_parameters()
+        return OVERLAP_SHARE * compute * min(1.0, k.prefetch_bucket_size / max(layer, 1))
     backward_compute = compute * 2 / 3
     return OVERLAP_SHARE * backward_compute if k.overlap_comm else 0.0
 
 
 def collective_latency_s(shape: ModelShape, plan: Plan, hardware: Hardware) -> float:
-    """Seconds of launch latency: the number of collectives per step times the fixed cost of one."""
+    """Seconds of launch latency: the number of collectives per step times the fixed cost of one.
+    Stages 0-2 launch one per reduce bucket of each ZeRO group the rank's parameters fall in (under
+    AutoEP the dense group and the local experts' expert-data-parallel group, when it has more than
+    one rank)."""
     latency = COLLECTIVE_LATENCY_S["inter" if hardware.nodes > 1 else "intra"]
     accum = plan.gradient_accumulation_steps
-    buckets = max(1, round(shape.parameter_count() / plan.knobs.reduce_bucket_size))
+    groups = zero_groups(shape, plan, shape.parameter_count(), hardware.gpus_per_node)
+    groups = tuple(g for g in groups if g.ranks > 1) or groups  # a one-rank group reduces nothing
+    buckets = sum(max(1, round(g.elements / plan.knobs.reduce_bucket_size)) for g in groups)
     if plan.zero_stage == 3:
         # one gather per layer forward and backward and one reduce per layer, every micro-step
         collectives = accum * 3 * shape.num_layers
@@ -333,26 +361,29 @@ def zero3_micro_step_comm_s(
     qwZ sends int8 weights (half of 16-bit), hpZ serves the backward gather from a copy partitioned
     within the node (intra-node link), qgZ reduces gradients in int4 after an intra-node pass
     (a quarter of the inter-node volume). Rajbhandari et al., ZeRO++ (2023).
+
+    Under AutoTP/AutoEP a rank gathers and reduces what it holds over the group that partitions it
+    (:func:`dsgen.estimate.model_parallel_time.zero_groups`; intra-node passes over the group's
+    ranks in the node).
     """
     p = shape.parameter_count()
     w = plan.dtype_bytes
-    n = plan.data_parallel_size
     g = hardware.gpus_per_node
     k = plan.knobs
-    ring = (n - 1) / n if n > 1 else 0.0
+    gathered = zero_groups(shape, plan, p, g)
+    reduced = gathered if trained is None else zero_groups(shape, plan, trained, g)
     wide = _collective_bandwidth(hardware)
     local = hardware.gpu.interconnect_bandwidth_gbps * 1e9 * COLLECTIVE_EFFICIENCY
-    gather_bytes = (w / 2 if k.quantized_weights else w) * p * ring
+    gather_bytes = (w / 2 if k.quantized_weights else w) * ring_elements(gathered)
     forward = gather_bytes / wide
     if k.hpz_partition_size > 1:
-        backward = w * p * (g - 1) / g / local
+        backward = w * node_ring_elements(gathered) / local
     else:
         backward = gather_bytes / wide
-    t = p if trained is None else trained
     if k.quantized_gradients:
-        reduce = w * t * (g - 1) / g / local + 0.25 * w * t * ring / wide
+        reduce = w * node_ring_elements(reduced) / local + 0.25 * w * ring_elements(reduced) / wide
     else:
-        reduce = w * t * ring / wide
+        reduce = w * ring_elements(reduced) / wide
     return forward + backward, reduce
 
 
@@ -362,14 +393,16 @@ def offload_s(
     """Seconds of offload traffic per step: PCIe transfers, the CPU optimizer update, NVMe swaps.
 
     Partial offload (``offload_ratio`` < 1) moves and updates only that share on the CPU; the
-    optimizer moves the ``trained`` parameters' states, parameter offload every parameter.
+    optimizer moves the ``trained`` parameters' states, parameter offload every parameter. A
+    partition is one rank's share of what it holds (under AutoTP/AutoEP, of its shard:
+    :func:`dsgen.estimate.model_parallel_time.zero_groups`).
     """
-    n = plan.data_parallel_size
+    g = hardware.gpus_per_node
     p = shape.parameter_count()
     w = plan.dtype_bytes
     accum = plan.gradient_accumulation_steps
     offload = 0.0
-    partition = (p if trained is None else trained) / n
+    partition = partition_elements(zero_groups(shape, plan, p if trained is None else trained, g))
     pcie = hardware.gpu.pcie_bandwidth_gbps * 1e9 * PCIE_EFFICIENCY
     if plan.offload_optimizer != "none":
         share = plan.offload_ratio
@@ -380,7 +413,7 @@ def offload_s(
             state = FP32 * partition + flat_state_bytes(training.optimizer.type, (round(partition),))
             offload += 2 * state * hardware.gpus_per_node / (hardware.nvme.bandwidth_gbps * 1e9)
     if plan.offload_param != "none":
-        partition = p / n
+        partition = partition_elements(zero_groups(shape, plan, p, g))
         fetch = accum * 2 * w * partition  # parameters brought up for forward and backward
         offload += fetch / pcie
         if plan.offload_param == "nvme" and hardware.nvme:

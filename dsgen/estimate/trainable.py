@@ -64,6 +64,12 @@ class ParameterSplit:
     quantized: tuple[QuantizedWeight, ...] = ()
     quantization: Quantization | None = None
     adapters: bool = False  # the trained tensors are LoRA adapters (a PEFT save writes them alone)
+    # AutoTP: which trained tensors every TP rank holds whole (ZeRO-3 partitions them over the whole
+    # world, the group zero.Init gave them; dsgen.estimate.sharding); empty without AutoTP
+    replicated: tuple[bool, ...] = ()
+    # AutoEP: elements of the rank's local experts, the tail of ``trainable_shapes`` (ZeRO
+    # partitions them over the expert-data-parallel group; dsgen.estimate.sharding); 0 without
+    local_experts: int = 0
 
     @property
     def trainable(self) -> tuple[int, ...]:

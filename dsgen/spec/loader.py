@@ -175,6 +175,7 @@ class _SpecBuilder:
         self.check_client_optimizer(training, constraints)
         self.check_long_context(model, hardware, training, constraints)
         self.check_liger(model, training, constraints)
+        self.check_model_parallel(model, hardware, training, constraints)
         self.check_lora_targets(model, training)
         output = Output(**_given(data.get("output", {}), "target", "path", "launcher"))
         key_lines = tuple(
@@ -578,6 +579,36 @@ class _SpecBuilder:
                 hint="use tiled_mlp: false or auto",
             )
 
+    def check_model_parallel(
+        self, model: ModelShape, hardware: Hardware, training: Training, constraints: Constraints
+    ) -> None:
+        """A pinned AutoTP or AutoEP degree must be one DeepSpeed runs and dsgen prices
+        (dsgen.model_parallel_choices says why not); AutoTP and Ulysses exclude each other
+        (``module_inject/auto_ep_folding.py``, ``runtime/engine.py``)."""
+        from dsgen.model_parallel_choices import ep_violation, tp_violation
+
+        tp, ep = constraints.tensor_parallel_size, constraints.expert_parallel_size
+        if tp is not None:
+            why = tp_violation(model, tp, hardware.gpus_per_node, training)
+            if why:
+                raise self.fail(("constraints", "tensor_parallel_size"), why, hint="use auto, 1, or a degree that satisfies it")
+            if tp > 1 and (constraints.sequence_parallel_size or 1) > 1:
+                raise self.fail(
+                    ("constraints", "tensor_parallel_size"),
+                    "AutoTP and Ulysses sequence parallelism are mutually exclusive in DeepSpeed",
+                    hint="pin one of tensor_parallel_size and sequence_parallel_size to 1",
+                )
+        if ep is not None:
+            why = ep_violation(model, ep, hardware.world_size, training)
+            if why:
+                raise self.fail(("constraints", "expert_parallel_size"), why, hint="use auto, 1, or a degree that satisfies it")
+        if (tp or 1) > 1 and (ep or 1) > 1:
+            raise self.fail(
+                ("constraints", "tensor_parallel_size"),
+                "AutoTP with AutoEP needs a tensor_parallel.partition_config for the attention, which dsgen does not write",
+                hint="pin one of tensor_parallel_size and expert_parallel_size to 1",
+            )
+
     def check_liger(self, model: ModelShape, training: Training, constraints: Constraints) -> None:
         """Liger-Kernel is modelled where its patch keeps the HF layer layout dsgen inventories
         (dsgen.estimate.activations.LIGER_FAMILIES); its fused linear cross-entropy is already a
@@ -646,6 +677,8 @@ class _SpecBuilder:
             micro_batch_size=pinned("micro_batch_size"),
             gradient_accumulation_steps=pinned("gradient_accumulation_steps"),
             zeropp=pinned("zeropp"),
+            tensor_parallel_size=pinned("tensor_parallel_size"),
+            expert_parallel_size=pinned("expert_parallel_size"),
             **_given(
                 block,
                 "memory_headroom",

@@ -192,6 +192,8 @@ class Constraints:
     tiled_loss: bool | None = None  # TiledFusedLogitsLoss / Liger fused linear cross-entropy
     checkpoint_offload: bool | None = None  # checkpointed layer inputs in host RAM
     seq_parallel_communication_data_type: Precision = spec_default("constraints.seq_parallel_communication_data_type")
+    tensor_parallel_size: int | None = None  # AutoTP degree (dsgen.model_parallel_choices)
+    expert_parallel_size: int | None = None  # AutoEP degree
 
     @property
     def fully_pinned(self) -> bool:

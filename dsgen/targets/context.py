@@ -31,6 +31,7 @@ from dsgen.plan import Plan
 from dsgen.spec.types import Spec
 from dsgen.targets.finetuning_files import finetuning_notes
 from dsgen.targets.long_context import attention_note, check_target, liger_note, long_context_notes
+from dsgen.targets.model_parallel import check_model_parallel_target, model_parallel_notes, needs_config_optimizer
 
 #: TrainingArguments ``optim`` for the optimizers the training script builds itself.
 HF_CLIENT_OPTIM = {"adafactor": "adafactor", "adamw-8bit": "adamw_bnb_8bit"}
@@ -112,6 +113,11 @@ def auto_pointers(spec: Spec, plan: Plan, target: str) -> frozenset[str]:
         fill = hf_bucket_fill(spec.model.hidden_size, plan.zero_stage)
         pointers |= {p for p, value in fill.items() if planned[p] == value}
     if target == "hf-trainer":
+        # Under AutoTP the JSON leaves train_batch_size out (templates/deepspeed/ds_config.json.j2):
+        # trainer_config_process would fill args.world_size x per_device_train_batch_size x
+        # gradient_accumulation_steps, every rank (transformers/integrations/deepspeed.py), which is
+        # what DeepSpeed 0.19.8 derives and asserts without an mpu (Plan.deepspeed_train_batch_size);
+        # Trainer.get_tp_size divides only its own count of samples per step by autotp_size.
         pointers |= {
             "/train_batch_size",
             "/train_micro_batch_size_per_gpu",
@@ -144,7 +150,8 @@ def optimizer_for(spec: Spec, plan: Plan, target: str, autos: frozenset[str]) ->
     block = optimizer_block(spec)
     if target == "deepspeed":
         return block
-    wanted = named(spec, "training.optimizer") or plan.offload_optimizer != "none"
+    # AutoEP needs DeepSpeed to build the optimizer (dsgen.targets.model_parallel)
+    wanted = named(spec, "training.optimizer") or plan.offload_optimizer != "none" or needs_config_optimizer(plan)
     if is_client_optimizer(spec.training.optimizer) or not wanted:
         # the framework builds the optimizer and tells ZeRO to accept it (HF and Accelerate do
         # this themselves; Lightning does not)
@@ -236,6 +243,7 @@ def script_notes(spec: Spec, plan: Plan, target: str, optimizer: dict[str, Any])
         s = spec.training.scheduler
         notes.append(f"build the {s.type} schedule (warmup {s.warmup_steps} of {s.total_steps} steps) in the script")
     notes.extend(long_context_notes(spec, plan, target))  # Ulysses SP, TiledMLP, tiled loss, checkpoint offload
+    notes.extend(model_parallel_notes(spec, plan, target))  # AutoTP's shared batches, AutoEP's optimizer
     notes.extend(finetuning_notes(spec, plan, target))  # PEFT, quantization, TRL
     if target == "accelerate" and optimizer["type"] is not None:
         # the config has DeepSpeed's scheduler exactly when the spec named one (scheduler_for)
@@ -270,6 +278,7 @@ class TargetContext:
 
 def target_context(spec: Spec, plan: Plan, target: str, launcher: str) -> TargetContext:
     check_target(plan, target)  # Ulysses SP needs a framework that passes DeepSpeed an mpu
+    check_model_parallel_target(spec, plan, target)  # AutoTP / AutoEP need a framework that can feed them
     autos = auto_pointers(spec, plan, target)
     optimizer = optimizer_for(spec, plan, target, autos)
     kind = spec.training.optimizer.type

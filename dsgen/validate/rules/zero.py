@@ -5,6 +5,9 @@ from __future__ import annotations
 from dsgen.validate.rules.context import ZERO_ALIASES, Context, flag, number, section, whole
 from dsgen.validate.rules.registry import rule
 
+#: both spellings of the 16-bit gather on save (runtime/zero/config.py: the field and its alias)
+SAVE_GATHER_KEYS = ("stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save")
+
 
 def _deepcompile(ctx: Context) -> bool:
     return ctx.deepcompile
@@ -115,6 +118,11 @@ def stage3_key_below_stage3(ctx: Context) -> None:
     if ctx.stage is None or ctx.stage == 3:
         return
     names = [key for key in ctx.zero if key in ZERO_ALIASES or key in ZERO_ALIASES.values()]
+    autotp = whole(ctx.get("tensor_parallel", "autotp_size"))
+    if autotp is not None and autotp > 1:
+        # under AutoTP the gather on save is read at every stage: Accelerate's get_state_dict (the HF
+        # Trainer's save_model) consolidates the TP shards only when it is true (accelerator.py)
+        names = [key for key in names if key not in SAVE_GATHER_KEYS]
     if names:
         ctx.emit(
             "stage3-key-below-stage3",

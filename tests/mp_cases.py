@@ -1,0 +1,40 @@
+"""The AutoTP / AutoEP cases measured on CPU ranks, run once per test session.
+
+``tests/test_mp_oracle_harness.py`` checks the records against the unsharded model and
+``tests/test_mp_predictions.py`` checks dsgen's predictions against them; both read :func:`measured`,
+so each ``torchrun`` happens once.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from tests.conftest import require_module
+from tests.mp_oracle import measure_mp
+
+TP_CASES: dict[str, tuple[dict[str, Any], int]] = {
+    # the ZeRO-1 run also calls deepspeed.initialize once with train_batch_size over world // TP ranks
+    "llama-tp2-z1": ({"autotp_size": 2, "zero_stage": 1, "probe_batch_world_dp": True}, 2),
+    "llama-tp2-z2": ({"autotp_size": 2, "zero_stage": 2}, 2),
+    # Trainer's path: tp_model_init before initialize; from_pretrained refused, built under zero.Init
+    "llama-tp2-z3": ({"autotp_size": 2, "zero_stage": 3, "tp_model_init": True, "zero_init_fallback": True}, 2),
+    "llama-tp2xdp2-z2-bf16": ({"autotp_size": 2, "zero_stage": 2, "dtype": "bf16"}, 4),
+}
+EP_CASES: dict[str, tuple[dict[str, Any], int]] = {
+    "qwen3moe-ep2-z2": (
+        {"model": "qwen3_moe", "autoep_size": 2, "zero_stage": 2, "can_record_registry_shim": "retry"},
+        2,
+    ),
+    "mixtral-ep2-z2": ({"model": "mixtral", "autoep_size": 2, "zero_stage": 2, "can_record_registry_shim": "retry"}, 2),
+}
+CASES = {**TP_CASES, **EP_CASES}
+TP, EP = 2, 2
+
+
+@cache
+def measured(name: str) -> tuple[dict[str, Any], ...]:
+    for module in ("deepspeed", "transformers", "safetensors"):
+        require_module(module)
+    case, ranks = CASES[name]
+    return tuple(measure_mp(case, ranks=ranks))

@@ -1,0 +1,141 @@
+"""AutoTP and AutoEP as search dimensions: what the solver proposes, refuses and reports.
+
+The layouts it may propose are DeepSpeed's (dsgen.model_parallel, each rule checked against DeepSpeed
+in tests/test_model_parallel_rules.py) within what dsgen prices (dsgen.model_parallel_choices); the
+choice between them is the step-time model's, ranked within its measured error like every other
+dimension (a tie goes to the simpler plan, here the one without model parallelism).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dsgen.api import load_spec, solve_spec
+from dsgen.errors import DsgenError
+from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
+from dsgen.solver import SolveResult
+from tests.cli_helpers import run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+
+def _solve(text: str, tmp_path: Path, *overrides: str) -> SolveResult:
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    return solve_spec(load_spec(path, list(overrides)))
+
+
+MOE = """
+model: {preset: qwen3-30b-a3b}
+hardware: {gpu: h100-80gb, gpus_per_node: 8, nodes: 1, cpu_memory_gib: 2048}
+training: {sequence_length: 4096, global_batch_size: 64, attention: flash}
+"""
+
+
+def _fastest(result: SolveResult, keep) -> float:  # type: ignore[no-untyped-def]
+    return min(e.step.total_s for e in result.ranked if keep(e.plan))
+
+
+def test_an_moe_model_on_one_node_gets_autoep_when_it_beats_zero3_beyond_the_band(tmp_path: Path) -> None:
+    result = _solve(MOE, tmp_path)
+    assert result.best is not None and result.feasible
+    assert result.best.plan.expert_parallel_size > 1
+    without = _fastest(result, lambda p: p.expert_parallel_size == 1)
+    assert without > result.best.step.total_s * (1 + STEP_TIME_TIE_BAND)
+    # explain lists the layouts not chosen, the plain one among them
+    labels = [label for label, _, _ in result.model_parallel_alternatives]
+    assert "none" in labels
+
+
+def test_a_dense_8b_model_on_one_node_keeps_plain_zero_when_autotp_is_no_faster_beyond_the_band(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    example = str(EXAMPLES / "llama-3.1-8b-8xh100.yaml")
+    result = solve_spec(load_spec(example))
+    assert result.best is not None and result.best.plan.tensor_parallel_size == 1
+    with_tp = _fastest(result, lambda p: p.tensor_parallel_size > 1)
+    assert with_tp * (1 + STEP_TIME_TIE_BAND) >= result.best.step.total_s
+    body = json.loads(run_cli(["solve", example, "--json"], capsys).stdout)
+    assert (body["plan"]["tensor_parallel_size"], body["plan"]["expert_parallel_size"]) == (1, 1)
+    assert {a["layout"] for a in body["model_parallel_alternatives"]} >= {"AutoTP 2", "AutoTP 4", "AutoTP 8"}
+
+
+def test_a_pinned_tp_degree_splits_the_batch_over_world_over_tp(tmp_path: Path) -> None:
+    example = str(EXAMPLES / "llama-3.1-8b-8xh100.yaml")
+    result = solve_spec(load_spec(example, ["constraints.tensor_parallel_size=2"]))
+    assert result.best is not None
+    plan = result.best.plan
+    assert plan.tensor_parallel_size == 2 and plan.batch_parallel_size == 4 and plan.zero_ranks == 4
+    assert plan.micro_batch_size * plan.gradient_accumulation_steps * 4 == 256 == plan.global_batch_size
+    assert plan.deepspeed_train_batch_size == 512  # what DeepSpeed asserts: every rank counted
+
+
+@pytest.mark.parametrize(
+    ("text", "override", "key", "words"),
+    [
+        (MOE, "constraints.tensor_parallel_size=2", "constraints.tensor_parallel_size", "mixture of experts"),
+        (MOE, "constraints.expert_parallel_size=3", "constraints.expert_parallel_size", "does not divide the 128"),
+        (
+            "model: {preset: llama-3.1-8b}\nhardware: {gpu: h100-80gb, gpus_per_node: 8}\n"
+            "training: {sequence_length: 4096, global_batch_size: 64}\n",
+            "constraints.expert_parallel_size=2",
+            "constraints.expert_parallel_size",
+            "not a mixture of experts",
+        ),
+        (
+            "model: {preset: llama-3.1-8b}\nhardware: {gpu: h100-80gb, gpus_per_node: 8}\n"
+            "training: {sequence_length: 4096, global_batch_size: 64}\n",
+            "constraints.tensor_parallel_size=16",
+            "constraints.tensor_parallel_size",
+            "does not divide the 8 GPUs of a node",
+        ),
+        (
+            "model: {preset: llama-3.1-8b}\nhardware: {gpu: h100-80gb, gpus_per_node: 8}\n"
+            "training: {sequence_length: 4096, global_batch_size: 64}\n"
+            "constraints: {sequence_parallel_size: 2}\n",
+            "constraints.tensor_parallel_size=2",
+            "constraints.tensor_parallel_size",
+            "mutually exclusive",
+        ),
+        (
+            "model: {preset: llama-3.1-8b}\nhardware: {gpu: h100-80gb, gpus_per_node: 8}\n"
+            "training: {sequence_length: 4096, global_batch_size: 64, finetuning: lora}\n",
+            "constraints.tensor_parallel_size=2",
+            "constraints.tensor_parallel_size",
+            "full training, not lora",
+        ),
+        (
+            "model: {preset: llama-3.1-8b}\nhardware: {gpu: h100-80gb, gpus_per_node: 8}\n"
+            "training: {sequence_length: 4096, global_batch_size: 64, deepspeed_version: '0.16.3'}\n",
+            "constraints.tensor_parallel_size=2",
+            "constraints.tensor_parallel_size",
+            "needs DeepSpeed 0.16.4",
+        ),
+    ],
+)
+def test_a_pinned_degree_dsgen_cannot_run_is_refused_naming_the_key(
+    tmp_path: Path, text: str, override: str, key: str, words: str
+) -> None:
+    with pytest.raises(DsgenError) as raised:
+        _solve(text, tmp_path, override)
+    assert raised.value.path == key and words in str(raised.value)
+
+
+def test_the_release_decides_which_stages_autotp_is_proposed_with(tmp_path: Path) -> None:
+    """AutoTP with ZeRO-3 runs from DeepSpeed 0.19.4 (before, ``_configure_tensor_parallel_states``
+    asserts); AutoTP itself from 0.16.4."""
+    text = (
+        "model: {preset: llama-3.1-8b}\nhardware: {gpu: h100-80gb, gpus_per_node: 8, cpu_memory_gib: 1024}\n"
+        "training: {sequence_length: 4096, global_batch_size: 64, deepspeed_version: 'VERSION'}\n"
+    )
+    old = _solve(text.replace("VERSION", "0.19.3"), tmp_path)
+    assert any(e.plan.tensor_parallel_size > 1 for e in old.ranked)
+    assert not any(e.plan.tensor_parallel_size > 1 and e.plan.zero_stage == 3 for e in old.ranked)
+    new = _solve(text.replace("VERSION", "0.19.8"), tmp_path)
+    assert any(e.plan.tensor_parallel_size > 1 and e.plan.zero_stage == 3 for e in new.ranked)
+    older = _solve(text.replace("VERSION", "0.16.3"), tmp_path)
+    assert not any(e.plan.tensor_parallel_size > 1 for e in older.ranked)
