@@ -17,7 +17,7 @@ from dsgen.deepspeed_release import release_key
 from dsgen.doctor.batch import Batch, Parallel
 from dsgen.doctor.keys import MISSING, get
 from dsgen.long_context import TRICKS, long_context_choices
-from dsgen.plan import LongContext, Plan, ZeroKnobs
+from dsgen.plan import LongContext, ModelParallel, Plan, ZeroKnobs
 from dsgen.spec.types import Spec
 from dsgen.vocabulary import PRECISIONS, Checkpointing, OffloadDevice, Precision
 
@@ -252,6 +252,11 @@ def config_to_plan(
         # over every rank, the sequence-data-parallel group (engine.py: dp_process_group=seq_data_parallel_group)
         sp = parallel.sequence_parallel
         dp = parallel.world_size
+    layout = _model_parallel(config, spec, parallel)
+    if layout.active:
+        # AutoTP / AutoEP as dsgen prices them (dsgen.estimate.sharding): the plan keeps every GPU,
+        # ZeRO's groups follow from the degrees
+        dp = parallel.world_size
     elif parallel.tensor_parallel > 1 or parallel.pipeline_parallel > 1 or parallel.sequence_parallel > 1:
         notes.append(
             f"the memory model does not split the model over tensor/pipeline/sequence parallel ranks "
@@ -290,8 +295,29 @@ def config_to_plan(
         knobs=knobs,
         offload_ratio=ratio,
         long_context=long_context,
+        model_parallel=layout,
     )
     return ConfigPlan(plan=plan, settings=tuple(settings), notes=tuple(notes), parallel=parallel)
+
+
+def _model_parallel(config: Mapping[str, Any], spec: Spec, parallel: Parallel) -> ModelParallel:
+    """The config's AutoTP or AutoEP degree where dsgen prices it (dsgen.model_parallel_choices:
+    the layouts the CPU measurements cover, without pipeline or Ulysses parallelism); otherwise
+    none, and the note above says the estimate is an upper bound."""
+    from dsgen.model_parallel_choices import ep_violation, tp_violation
+
+    tp = parallel.tensor_parallel
+    enabled = get(config, "expert_parallel.enabled", False) is True
+    size = get(config, "expert_parallel.autoep_size", 1)
+    ep = size if enabled and isinstance(size, int) and not isinstance(size, bool) and size > 1 else 1
+    if parallel.pipeline_parallel > 1 or parallel.sequence_parallel > 1 or (tp > 1 and ep > 1):
+        return ModelParallel()
+    hw, training = spec.hardware, spec.training
+    if tp > 1 and tp_violation(spec.model, tp, hw.gpus_per_node, training) is None:
+        return ModelParallel(tensor_parallel_size=tp)
+    if ep > 1 and ep_violation(spec.model, ep, parallel.world_size, training) is None:
+        return ModelParallel(expert_parallel_size=ep)
+    return ModelParallel()
 
 
 def _long_context(

@@ -145,6 +145,8 @@ def plan_changes(
             changes.append((f"zero_optimization.{key}", new))
     if target.zero_stage > 0 and target.knobs.overlap_comm != current.knobs.overlap_comm:
         changes.append(("zero_optimization.overlap_comm", target.knobs.overlap_comm))
+    if target.model_parallel != current.model_parallel:
+        changes += _model_parallel_changes(config, target, spec)
     changes = [(key, value) for key, value in changes if get(config, key) != value]
     script: tuple[str, ...] = ()
     if (target.micro_batch_size, target.gradient_accumulation_steps) != (
@@ -156,6 +158,27 @@ def plan_changes(
     if target.checkpointing != current.checkpointing:
         script = (CHECKPOINTING_SCRIPT[target.checkpointing], *script)
     return tuple(changes), script
+
+
+def _model_parallel_changes(config: Mapping[str, Any], target: Plan, spec: Spec) -> list[tuple[str, Any]]:
+    """The AutoTP / AutoEP keys of ``target`` (0 and ``enabled: false`` turn them off, DeepSpeed's
+    defaults), and ``train_batch_size`` where the config states it: DeepSpeed counts every TP peer
+    in it (dsgen.plan.Plan.deepspeed_train_batch_size), so a change of TP degree changes it."""
+    from dsgen.model_parallel import autoep_preset_for
+
+    tp, ep = target.tensor_parallel_size, target.expert_parallel_size
+    changes: list[tuple[str, Any]] = [("tensor_parallel.autotp_size", tp if tp > 1 else 0)]
+    if ep > 1:
+        changes += [
+            ("expert_parallel.enabled", True),
+            ("expert_parallel.autoep_size", ep),
+            ("expert_parallel.preset_model", autoep_preset_for(spec.model.family, spec.training.deepspeed_version)),
+        ]
+    elif get(config, "expert_parallel.enabled") is True:
+        changes.append(("expert_parallel.enabled", False))
+    if isinstance(config.get("train_batch_size"), int):
+        changes.append(("train_batch_size", target.deepspeed_train_batch_size))
+    return [(key, value) for key, value in changes if not (value == 0 and get(config, key) is MISSING)]
 
 
 def _saving_as_before(target: Plan, current: Plan) -> Plan:
@@ -223,6 +246,8 @@ def describe(current: Plan, target: Plan) -> str:
                 target.checkpointing, "no activation checkpointing"
             )
         )
+    if target.model_parallel != current.model_parallel:
+        parts.append(target.model_parallel.label() or "no AutoTP / AutoEP")
     if target.micro_batch_size != current.micro_batch_size:
         parts.append(f"micro-batch {target.micro_batch_size} x accumulation {target.gradient_accumulation_steps}")
     if not parts:

@@ -137,7 +137,7 @@ def human(d: Diagnosis) -> str:
         lines.extend(filter(None, [method_line(spec, e)]))
         lines.append(f"config    {p.describe()}")
         lines.append(
-            f"batch     {p.global_batch_size} = micro {p.micro_batch_size} x accumulation {p.gradient_accumulation_steps} x data-parallel {p.data_parallel_size}"
+            f"batch     {p.global_batch_size} = micro {p.micro_batch_size} x accumulation {p.gradient_accumulation_steps} x data-parallel {p.batch_parallel_size}"
         )
         gpu = e.memory.gpu
         lines.append("")
