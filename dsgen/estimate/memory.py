@@ -22,6 +22,7 @@ from dsgen.estimate.optimizers import step_temporary_bytes
 from dsgen.estimate.sequence_parallel import long_context_memory
 from dsgen.estimate.sharding import rank_shape
 from dsgen.estimate.trainable import largest_dequantized, parameter_split
+from dsgen.estimate.zero3_moe import backward_held_elements
 from dsgen.estimate.zero12_offload import offload_write_back_copy, zero12_pinned_rounding, zero12_staging_bytes
 from dsgen.plan import Plan
 from dsgen.spec.types import Hardware, Optimizer, Training
@@ -255,11 +256,15 @@ def _reduce_bucket_bytes(plan: Plan) -> int:
 
 
 def _gathered_bytes(shape: ModelShape, plan: Plan) -> int:
+    """ZeRO-3's gathered parameters: one layer and the prefetch bucket (an MoE block is a leaf:
+    gathered whole), or, for MoE models whose experts autograd keeps alive from forward to backward,
+    what dsgen.estimate.zero3_moe measures at the start of backward."""
     if plan.zero_stage < 3:
         return 0
     k = plan.knobs
     live = min(k.max_live_parameters, shape.layer_gather_parameters() + k.prefetch_bucket_size)
-    return plan.dtype_bytes * max(shape.largest_gathered_parameters(), live)  # an MoE block is a leaf: gathered whole
+    one_block = max(shape.largest_gathered_parameters(), live)
+    return plan.dtype_bytes * max(one_block, backward_held_elements(shape, plan))
 
 
 def _hpz_secondary_bytes(shape: ModelShape, plan: Plan) -> int:
