@@ -20,7 +20,12 @@ TP_CASES: dict[str, tuple[dict[str, Any], int]] = {
     # Trainer's path: tp_model_init before initialize; from_pretrained refused, built under zero.Init
     "llama-tp2-z3": ({"autotp_size": 2, "zero_stage": 3, "tp_model_init": True, "zero_init_fallback": True}, 2),
     "llama-tp2xdp2-z2-bf16": ({"autotp_size": 2, "zero_stage": 2, "dtype": "bf16"}, 4),
+    # TP 2 x DP 2 at the other two stages, in fp32
+    "llama-tp2xdp2-z1": ({"autotp_size": 2, "zero_stage": 1}, 4),
+    "llama-tp2xdp2-z3": ({"autotp_size": 2, "zero_stage": 3, "tp_model_init": True, "zero_init_fallback": True}, 4),
 }
+#: the ZeRO-3 cases (built under zero.Init, as Trainer's loading path does)
+TP_ZERO3_CASES = [name for name, (case, _) in TP_CASES.items() if case["zero_stage"] == 3]
 EP_CASES: dict[str, tuple[dict[str, Any], int]] = {
     "qwen3moe-ep2-z2": (
         {"model": "qwen3_moe", "autoep_size": 2, "zero_stage": 2, "can_record_registry_shim": "retry"},

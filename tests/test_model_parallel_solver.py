@@ -139,3 +139,23 @@ def test_the_release_decides_which_stages_autotp_is_proposed_with(tmp_path: Path
     assert any(e.plan.tensor_parallel_size > 1 and e.plan.zero_stage == 3 for e in new.ranked)
     older = _solve(text.replace("VERSION", "0.16.3"), tmp_path)
     assert not any(e.plan.tensor_parallel_size > 1 for e in older.ranked)
+
+
+def test_a_sweep_varies_the_tp_degree_like_any_other_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "base.yaml").write_text((EXAMPLES / "llama-3.1-8b-8xh100.yaml").read_text())
+    (tmp_path / "sweep.yaml").write_text(
+        'base: base.yaml\nname: "tp{{ constraints.tensor_parallel_size }}"\n'
+        "grid:\n  constraints.tensor_parallel_size: [1, 2, 8]\n"
+    )
+    result = run_cli(["sweep", str(tmp_path / "sweep.yaml"), "--dry-run", "--json"], capsys)
+    assert result.exit_code == 0, result.stderr
+    rows = json.loads(result.stdout)
+    assert [(r["name"], r["tensor_parallel_size"], r["expert_parallel_size"]) for r in rows] == [
+        ("tp1", 1, 1),
+        ("tp2", 2, 1),
+        ("tp8", 8, 1),
+    ]
+    # the ranks with distinct micro-batches: 8 GPUs / TP, and the batch is met over them
+    for row, tp in zip(rows, (1, 2, 8), strict=True):
+        assert row["data_parallel_size"] == 8 // tp
+        assert row["micro_batch_size"] * row["gradient_accumulation_steps"] * (8 // tp) == row["global_batch_size"] == 256

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.mp_cases import CASES, EP, EP_CASES, TP, TP_CASES
+from tests.mp_cases import CASES, EP, EP_CASES, TP, TP_CASES, TP_ZERO3_CASES
 from tests.mp_cases import measured as _measured
 from tests.mp_oracle import DEFAULT_CASE, RECORD_KEYS, ds_config_for, parse_records
 
@@ -156,11 +156,13 @@ def test_tp_zero12_partitions_over_the_data_parallel_group(name: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.deepspeed
-def test_tp_zero3_partitions_sharded_weights_over_dp_and_replicated_ones_over_the_world() -> None:
+@pytest.mark.parametrize("name", TP_ZERO3_CASES)
+def test_tp_zero3_partitions_sharded_weights_over_dp_and_replicated_ones_over_the_world(name: str) -> None:
     """ZeRO-3 + AutoTP: the weights AutoTP shards are gathered and replaced (auto_tp.py,
-    ``_gather_zero3_params``) and partitioned over the DP group (1 rank here); the replicated ones keep
-    the partition zero.Init gave them: the whole world (engine.py, ``_resolve_zero3_param_placement``)."""
-    for record in _measured("llama-tp2-z3"):
+    ``_gather_zero3_params``) and partitioned over the DP group (1 or 2 ranks here); the replicated
+    ones keep the partition zero.Init gave them: the whole world (engine.py,
+    ``_resolve_zero3_param_placement``)."""
+    for record in _measured(name):
         world = record["world_size"]
         dp = world // TP
         assert record["built_under_zero_init"] and record["zero_optimizer"] == "DeepSpeedZeroOptimizer_Stage3"
