@@ -95,7 +95,8 @@ def test_fix_writes_only_the_changed_keys(in_repo_copy: Path, capsys: pytest.Cap
     assert fixed == best["config"]
     assert list(fixed)[: len(original)] == list(original)
     for key in ("gradient_clipping", "bf16.enabled", "zero_optimization.allgather_partitions", "train_batch_size"):
-        assert get(fixed, key) == get(original, key)
+        if key not in best["changes"]:  # (an AutoTP fix changes train_batch_size: DeepSpeed counts TP peers)
+            assert get(fixed, key) == get(original, key)
     for key, value in best["changes"].items():
         assert get(fixed, key) == value
 

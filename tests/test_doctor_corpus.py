@@ -5,6 +5,7 @@ own parser (after the HF Trainer fills "auto") with the global batch the config 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from dsgen.api import load_spec
 from dsgen.doctor.diagnose import diagnose
@@ -14,6 +15,12 @@ from tests.conftest import EXAMPLES_DIR, require_module
 from tests.doctor_scenarios import trainer_resolved
 
 ARGS = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "bf16": True}
+
+
+def _autotp(config: dict[str, Any]) -> int:
+    """The AutoTP degree a config states (1 without one)."""
+    size = (config.get("tensor_parallel") or {}).get("autotp_size", 1)
+    return size if isinstance(size, int) and size > 1 else 1
 
 
 def test_corpus_never_crashes_and_fixes_parse(corpus_dir: Path) -> None:
@@ -53,7 +60,9 @@ def test_corpus_never_crashes_and_fixes_parse(corpus_dir: Path) -> None:
             )
         after = trainer_resolved(fix.config, args, world, spec.model.hidden_size)
         parsed = parse_with_deepspeed(after, world)
-        assert parsed.train_batch_size == parse_with_deepspeed(before, world).train_batch_size, path.name
+        # the samples a step trains are kept; DeepSpeed counts each AutoTP peer in train_batch_size
+        samples = parsed.train_batch_size // _autotp(after)
+        assert samples == parse_with_deepspeed(before, world).train_batch_size // _autotp(before), path.name
         assert fix.evaluation.feasible
         fixes_checked += 1
     assert verdicts.get("oom", 0) >= 50, verdicts

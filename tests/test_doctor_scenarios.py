@@ -116,7 +116,10 @@ def test_every_fix_is_accepted_by_deepspeed_and_keeps_the_batch(path: Path, corp
         parsed = parse_with_deepspeed(resolved, world)
         assert parsed.train_micro_batch_size_per_gpu == fix.evaluation.plan.micro_batch_size
         assert parsed.gradient_accumulation_steps == fix.evaluation.plan.gradient_accumulation_steps
-        batch = parsed.train_batch_size
+        # the samples a step trains: DeepSpeed counts each rank of an AutoTP group in train_batch_size
+        tp = fix.evaluation.plan.tensor_parallel_size
+        assert max(1, get(fix.config, "tensor_parallel.autotp_size", 1) or 1) == tp
+        batch = parsed.train_batch_size // tp
         if original_batch is None:
             original_batch = batch
         assert batch == original_batch == fix.evaluation.plan.global_batch_size
