@@ -503,7 +503,11 @@ def test_hf_trainer_bundle_trains_two_steps_through_its_launch_script(tmp_path: 
     spec_file = tmp_path / "spec.yaml"
     from tests.test_deepspeed_oracle import TINY_SPEC
 
-    pins = "  zero_stage: 2\n  offload_optimizer: none\n  activation_checkpointing: false\n  micro_batch_size: 2"
+    # plain ZeRO-2 (the AutoTP bundle's launch is tests/test_model_parallel_targets.py's)
+    pins = (
+        "  zero_stage: 2\n  offload_optimizer: none\n  activation_checkpointing: false\n  micro_batch_size: 2\n"
+        "  tensor_parallel_size: 1"
+    )
     spec_file.write_text(TINY_SPEC.format(config=config, optimizer="adamw", constraints=pins))
     spec = load_spec(spec_file)
     plan = solve_spec(spec).best.plan  # type: ignore[union-attr]
