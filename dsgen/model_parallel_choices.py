@@ -24,7 +24,7 @@ from functools import cache
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.deepspeed_release import release_key
-from dsgen.model_parallel import AUTOEP_SINCE, AUTOTP_SINCE, autoep_preset_for
+from dsgen.model_parallel import AUTOEP_SINCE, AUTOTP_SINCE, ModelFacts, autoep_preset_for
 from dsgen.spec.types import Spec, Training
 
 #: dense families whose transformers ``base_model_tp_plan`` AutoTP applies as measured on the tiny
@@ -41,6 +41,12 @@ def training_violation(training: Training) -> str | None:
     if ft.objective != "sft":
         return f"dsgen prices AutoTP and AutoEP for the next-token loss, not {ft.objective}"
     return None
+
+
+def model_facts(shape: ModelShape) -> ModelFacts:
+    """What DeepSpeed's AutoTP/AutoEP rules need to know about ``shape``."""
+    experts = (shape.num_experts,) * shape.moe_layers if shape.is_moe else None
+    return ModelFacts(moe_experts=experts, model_type=shape.family, kv_heads=shape.num_key_value_heads)
 
 
 def release_at_least(release: str, since: str) -> bool:

@@ -23,8 +23,8 @@ from dsgen.evaluation import Evaluation, evaluate, usable_bytes
 from dsgen.global_batch import batch_splits, global_batch_target
 from dsgen.knob_variants import ZEROPP_CHOICES, knob_variants, with_zeropp
 from dsgen.long_context import long_context_choices, sequence_parallel_degrees, tricks_within
-from dsgen.model_parallel import Layout, ModelFacts, autoep_preset_for, violations
-from dsgen.model_parallel_choices import expert_parallel_degrees, tensor_parallel_degrees
+from dsgen.model_parallel import Layout, autoep_preset_for, violations
+from dsgen.model_parallel_choices import expert_parallel_degrees, model_facts, tensor_parallel_degrees
 from dsgen.plan import LongContext, ModelParallel, Plan, ZeroKnobs
 from dsgen.ranking import rank_key, rank_within_error, ties_fastest
 from dsgen.spec.types import Spec
@@ -164,11 +164,7 @@ def _refused(spec: Spec, base: _Structure, layout: ModelParallel, sp: int) -> bo
             hpz=2 if "hpz" in base.zeropp else 1,
             release=spec.training.deepspeed_version,
             ep_preset=autoep_preset_for(model.family, spec.training.deepspeed_version) if ep > 1 else None,
-            model=ModelFacts(
-                moe_experts=(model.num_experts,) * model.moe_layers if model.is_moe else None,
-                model_type=model.family,
-                kv_heads=model.num_key_value_heads,
-            ),
+            model=model_facts(model),
         )
     )
     return any(v.raises for v in found)

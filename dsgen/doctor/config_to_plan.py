@@ -304,12 +304,12 @@ def _model_parallel(config: Mapping[str, Any], spec: Spec, parallel: Parallel) -
     """The config's AutoTP or AutoEP degree where dsgen prices it (dsgen.model_parallel_choices:
     the layouts the CPU measurements cover, without pipeline or Ulysses parallelism); otherwise
     none, and the note above says the estimate is an upper bound."""
+    from dsgen.doctor.model_parallel_findings import layout_of
     from dsgen.model_parallel_choices import ep_violation, tp_violation
 
+    layout = layout_of(config, spec, parallel.world_size)
     tp = parallel.tensor_parallel
-    enabled = get(config, "expert_parallel.enabled", False) is True
-    size = get(config, "expert_parallel.autoep_size", 1)
-    ep = size if enabled and isinstance(size, int) and not isinstance(size, bool) and size > 1 else 1
+    ep = layout.ep if layout is not None and layout.autoep else 1
     if parallel.pipeline_parallel > 1 or parallel.sequence_parallel > 1 or (tp > 1 and ep > 1):
         return ModelParallel()
     hw, training = spec.hardware, spec.training

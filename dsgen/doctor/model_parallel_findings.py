@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from dsgen.doctor.keys import get
-from dsgen.model_parallel import Layout, ModelFacts, Violation, violations
+from dsgen.model_parallel import Layout, Violation, violations
+from dsgen.model_parallel_choices import model_facts
 from dsgen.spec.types import Spec
 
 #: Rules the validator already reports (its own ids, or the checks of dsgen.validate.rules.parallel
@@ -52,8 +53,6 @@ def layout_of(config: Mapping[str, Any], spec: Spec, world: int) -> Layout | Non
     zero = config.get("zero_optimization")
     zero = zero if isinstance(zero, Mapping) else {}
     stage = _whole(zero.get("stage"), 0)
-    shape = spec.model
-    experts = (shape.num_experts,) * shape.moe_layers if shape.is_moe else None
     hpz = _whole(zero.get("zero_hpz_partition_size"), 1)
     return Layout(
         world=world,
@@ -70,7 +69,7 @@ def layout_of(config: Mapping[str, Any], spec: Spec, world: int) -> Layout | Non
         partition_config=get(config, "tensor_parallel.partition_config", None) is not None
         or get(config, "tensor_parallel.preset_model", None) is not None,
         ep_preset=get(config, "expert_parallel.preset_model", None),
-        model=ModelFacts(moe_experts=experts, model_type=shape.family, kv_heads=shape.num_key_value_heads),
+        model=model_facts(spec.model),
     )
 
 

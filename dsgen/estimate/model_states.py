@@ -165,13 +165,14 @@ def _zero3_layout(
     ranks: int,
     persistence_threshold: int,
     sub_group_size: int,
-    world: int = 0,
-    expert_ranks: int = 0,
+    world: int | None = None,
+    expert_ranks: int | None = None,
 ) -> Zero3Layout:
     """The layout of the trained tensors (frozen ones have no sub-groups: :func:`frozen_bytes`);
     ``world`` and ``expert_ranks``: the groups of AutoTP's replicated tensors and AutoEP's experts."""
     tensors = split.trainable
-    parts = [-(-n // r) for n, r in zip(tensors, _tensor_ranks(split, ranks, world, expert_ranks), strict=True)]
+    partitioned_over = _tensor_ranks(split, ranks, world or ranks, expert_ranks or ranks)
+    parts = [-(-n // r) for n, r in zip(tensors, partitioned_over, strict=True)]
     total = sum(parts)
     groups: list[int] = []
     if not total:

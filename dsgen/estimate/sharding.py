@@ -36,6 +36,7 @@ from dsgen.estimate.trainable import ParameterSplit
 from dsgen.plan import Plan
 
 
+@lru_cache(maxsize=256)  # one per model and degree; the solver asks for it for every candidate
 def tp_local_shape(shape: ModelShape, tp: int) -> ModelShape:
     """The model one AutoTP rank runs: heads, key/value heads and MLP width divided by ``tp``
     (the degree divides each: :func:`dsgen.model_parallel_choices.tp_violation`). The hidden
@@ -66,7 +67,7 @@ def tp_split(shape: ModelShape, tp: int) -> ParameterSplit:
     return ParameterSplit(trainable_shapes=tuple(local), replicated=replicated)
 
 
-def _is_expert(shape: ModelShape, tensor: Shape) -> bool:
+def is_expert_tensor(shape: ModelShape, tensor: Shape) -> bool:
     """The stacked expert weights (transformers 5: ``(experts, out, in)``, one per projection)."""
     return len(tensor) == 3 and tensor[0] == shape.num_experts
 
@@ -75,8 +76,8 @@ def _is_expert(shape: ModelShape, tensor: Shape) -> bool:
 def ep_split(shape: ModelShape, ep: int) -> ParameterSplit:
     """The tensors one AutoEP rank holds and trains: the dense ones in order, then its local experts."""
     tensors = parameter_shapes(shape)
-    dense = tuple(t for t in tensors if not _is_expert(shape, t))
-    experts = tuple((t[0] // ep, *t[1:]) for t in tensors if _is_expert(shape, t))
+    dense = tuple(t for t in tensors if not is_expert_tensor(shape, t))
+    experts = tuple((t[0] // ep, *t[1:]) for t in tensors if is_expert_tensor(shape, t))
     return ParameterSplit(trainable_shapes=dense + experts, local_experts=sum(prod(t) for t in experts))
 
 
@@ -101,5 +102,10 @@ def rank_shape(shape: ModelShape, plan: Plan) -> ModelShape:
     if tp > 1:
         return tp_local_shape(shape, tp)
     if ep > 1:
-        return replace(shape, num_experts=shape.num_experts // ep)
+        return _ep_local_shape(shape, ep)
     return shape
+
+
+@lru_cache(maxsize=256)
+def _ep_local_shape(shape: ModelShape, ep: int) -> ModelShape:
+    return replace(shape, num_experts=shape.num_experts // ep)

@@ -32,12 +32,13 @@ from __future__ import annotations
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.estimate.parameter_layout import parameter_shapes
+from dsgen.estimate.sharding import is_expert_tensor
 from dsgen.plan import Plan
 
 
 def _expert_tensors(shape: ModelShape) -> list[int]:
     """Elements of each stacked expert tensor of one MoE block (``(experts, out, in)``)."""
-    per_block = [s for s in parameter_shapes(shape) if len(s) == 3 and s[0] == shape.num_experts]
+    per_block = [s for s in parameter_shapes(shape) if is_expert_tensor(shape, s)]
     count = len(per_block) // max(shape.moe_layers, 1)
     return [a * b * c for a, b, c in per_block[:count]]
 
