@@ -119,9 +119,7 @@ def _structures(spec: Spec, search: bool = False) -> Iterator[_Structure]:
     for base in _base_structures(spec):
         for layout in layouts:
             for sp in degrees:
-                if sp > 1 and layout.tensor_parallel_size > 1:
-                    continue  # AutoTP and Ulysses exclude each other (dsgen.model_parallel)
-                if _refused(spec, base, layout, sp):
+                if _refused(spec, base, layout, sp):  # e.g. AutoTP with Ulysses (autotp-ulysses)
                     continue
                 for long_context in long_context_choices(spec, sp, base.checkpointing, search):
                     yield replace(base, long_context=long_context, model_parallel=layout)
@@ -398,7 +396,7 @@ def fits_any(spec: Spec) -> bool:
         knobs = _knob_variants_for(spec, base, [leanest_knobs[base.stage]])[0]
         for layout in reversed(layouts):  # the largest degrees hold the least
             for sp in dict.fromkeys((degrees[-1], degrees[0])) if degrees else ():
-                if (sp > 1 and layout.tensor_parallel_size > 1) or _refused(spec, base, layout, sp):
+                if _refused(spec, base, layout, sp):
                     continue
                 splits = splits_by_divisor.get(sp * layout.tensor_parallel_size)
                 if not splits:
