@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from dsgen.estimate.memory import HELD_BESIDE_TERMS
@@ -9,14 +10,15 @@ from dsgen.estimate.optimizers import client_optimizer_call, is_client_optimizer
 from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
 from dsgen.evaluation import Evaluation
 from dsgen.method_summary import method_line, method_summary
-from dsgen.plan import Plan, plan_dict
-from dsgen.ranking import ties_fastest
+from dsgen.plan import LongContext, Plan, plan_dict
+from dsgen.ranking import decided_by, ties_fastest
 from dsgen.solver import SolveResult
 from dsgen.spec.defaults import spec_default
 from dsgen.spec.types import Spec
 from dsgen.targets.long_context import attention_note, liger_note, long_context_notes
 from dsgen.text_table import text_table
 from dsgen.units import GIB, format_count, gib
+from dsgen.verdict import ROOM_LINE
 from dsgen.vocabulary import StepPhase
 
 PHASE_LABELS: dict[StepPhase, str] = {
@@ -168,47 +170,58 @@ def _release_note(release: str) -> str:
 
 
 def tie_band_note() -> str:
-    """How ``solve --top`` orders plans, and where its band comes from."""
+    """How ``solve --top`` orders plans (dsgen.ranking), and where its band comes from."""
     return (
-        f"ranked within the step-time model's error: plans within {STEP_TIME_TIE_BAND:.0%} of the fastest are "
-        "ties and go to the simpler plan (less offload, lower stage, no quantization, fewer tuned knobs); "
-        "the band is the model's median pair-ratio error on published measurements (docs/throughput-model.md)"
+        f"ranked by dsgen's rule (docs/how-dsgen-chooses.md): a plan slower and larger than another never goes "
+        f"first; plans within {STEP_TIME_TIE_BAND:.0%} of the fastest remaining (the step-time model's median "
+        f"error on published measurements) are ties, and go first to the plan with room to spare (GPU "
+        f"memory at or below {ROOM_LINE:.0%}), then fewer moving parts (offload, AutoTP/AutoEP, Ulysses), "
+        "then the simpler plan, then the faster"
     )
 
 
+#: ``--top`` columns shown only when some row differs from the plain value (a searched dimension
+#: that varies): header, the plain value, and how a plan reads there.
+_VARYING_COLUMNS: tuple[tuple[str, str, Callable[[Plan], str]], ...] = (
+    ("TP", "1", lambda p: str(p.tensor_parallel_size)),
+    ("EP", "1", lambda p: str(p.expert_parallel_size)),
+    ("SP", "1", lambda p: str(p.long_context.sequence_parallel_size)),
+    ("ALST", "-", lambda p: _tricks(p.long_context)),
+    ("zero++", "none", lambda p: p.knobs.zeropp),
+)
+
+
+def _tricks(lc: LongContext) -> str:
+    names = (("mlp", lc.tiled_mlp), ("loss", lc.tiled_loss), ("ckpt-offload", lc.checkpoint_offload))
+    return "+".join(name for name, on in names if on) or "-"
+
+
 def ranked_table(result: SolveResult, top: int) -> str:
-    """The ``--top N`` table: the recommended plans in order, with memory, speed, MFU, the step time
-    against the first plan's, and ``tie`` (yes/-): whether a plan is within the model's error band of
-    the fastest plan (so the step-time model cannot tell the two apart)."""
+    """The ``--top N`` table: the plans in the order the rule ranks them, every searched dimension
+    that varies among them, the batch split (micro x accumulation x data-parallel ranks = the
+    global batch, for the row's own layout), memory as a share of GPU memory, speed, MFU, the step
+    time against the first plan's, and ``tie`` (yes/-): whether a plan is within the model's error
+    band of the fastest plan (so the step-time model cannot tell the two apart)."""
     spec = result.spec
-    first = result.ranked[0].step.total_s if result.ranked else 0.0
+    shown = result.ranked[:top]
+    first = shown[0].step.total_s if shown else 0.0
     fastest = min((e.step.total_s for e in result.ranked), default=0.0)
-    header = [
-        "#",
-        "stage",
-        "offload",
-        "zero++",
-        "ckpt",
-        "micro",
-        "accum",
-        "GPU GiB",
-        "host GiB",
-        "step s",
-        "tokens/s",
-        "MFU",
-        "vs #1",
-        "tie",
-    ]
+    varying = [(name, get) for name, plain, get in _VARYING_COLUMNS if any(get(e.plan) != plain for e in shown)]
+    header = ["#", "stage", "offload", "ckpt", *(name for name, _ in varying), "micro", "accum", "DP", "batch"]
+    header += ["GPU GiB", "GPU %", "host GiB", "step s", "tokens/s", "MFU", "vs #1", "tie"]
     rows = [
         (
             str(index),
             str(e.plan.zero_stage),
             e.plan.offload_label(),
-            e.plan.knobs.zeropp,
             e.plan.checkpointing,
+            *(get(e.plan) for _, get in varying),
             str(e.plan.micro_batch_size),
             str(e.plan.gradient_accumulation_steps),
+            str(e.plan.batch_parallel_size),
+            str(e.plan.global_batch_size),
             f"{e.memory.gpu.total / GIB:.1f}",
+            f"{e.fit.fill:.0%}",
             f"{e.memory.cpu.total / GIB:.1f}",
             f"{e.step.total_s:.3f}",
             f"{e.tokens_per_s:,.0f}",
@@ -216,10 +229,14 @@ def ranked_table(result: SolveResult, top: int) -> str:
             f"{e.step.total_s / first:.2f}x",
             "yes" if ties_fastest(e.step.total_s, fastest) else "-",
         )
-        for index, e in enumerate(result.ranked[:top], start=1)
+        for index, e in enumerate(shown, start=1)
     ]
-    table = tie_band_note() + "\n\n" + text_table(header, rows, right={0, 1, 5, 6, 7, 8, 9, 10, 11, 12, 13})
-    return table if rows else table + "\n    (no feasible plan)"
+    text_columns = {2, 3} | {4 + i for i, (name, _) in enumerate(varying) if name in ("ALST", "zero++")}
+    right = set(range(len(header))) - text_columns
+    table = tie_band_note() + "\n\n" + text_table(header, rows, right=right)
+    if not rows:
+        return table + "\n    (no feasible plan)"
+    return table + f"\n\n#1: {decided_by(result.ranked, spec.model)}"
 
 
 def explanation(result: SolveResult) -> str:
@@ -229,13 +246,12 @@ def explanation(result: SolveResult) -> str:
     lines = [human_summary(result), ""]
     total = e.step.total_s
     lines.append("step time split:")
-    for name, value in (
-        ("compute", e.step.compute_s),
-        ("exposed communication", e.step.exposed_comm_s),
-        ("offload (PCIe, CPU optimizer, NVMe)", e.step.offload_s),
-    ):
+    for name, value in step_terms(e):
         share = value / total if total else 0.0
         lines.append(f"  {name:<36} {value:>9.3f} s  {_bar(round(share * 1000), 1000)} {share:>4.0%}")
+    if result.ranked and result.best is result.ranked[0]:
+        lines.append("")
+        lines.append(f"why this plan: {decided_by(result.ranked, result.spec.model)}")
     lines.append("")
     lines.append("ZeRO stages not chosen:")
     for alt in result.alternatives:
@@ -297,6 +313,17 @@ def script_requirements(spec: Spec, plan: Plan) -> str:
     return "Your training script must: " + "; ".join(needs) + "."
 
 
+def step_terms(e: Evaluation) -> list[tuple[str, float]]:
+    """The step's terms in the order every output shows them; they add up to the step time
+    (generation only where the objective generates)."""
+    terms = [
+        ("compute", e.step.compute_s),
+        ("exposed communication", e.step.exposed_comm_s),
+        ("offload (PCIe, CPU optimizer, NVMe)", e.step.offload_s),
+    ]
+    return [*terms, ("generation", e.step.generation_s)] if e.step.generation_s else terms
+
+
 def _bar(value: int, capacity: int, width: int = 24) -> str:
     filled = round(width * min(value / capacity, 1.0)) if capacity else 0
     return "#" * filled + "." * (width - filled)
@@ -323,17 +350,17 @@ def human_summary(result: SolveResult) -> str:
         f"batch     {p.global_batch_size} = micro {p.micro_batch_size} x accumulation "
         f"{p.gradient_accumulation_steps} x data-parallel {p.batch_parallel_size}",
         "",
-        f"GPU memory per rank (capacity {gib(e.memory.gpu.capacity)}, usable {gib(e.usable_gpu_bytes)}; "
+        f"GPU memory per rank (capacity {gib(e.memory.gpu.capacity)}, the plan's limit {gib(e.usable_gpu_bytes)}; "
         f"{ACCOUNTING_LABELS[result.accounting]}):",
     ]
     shown_terms = (*GPU_TERMS, *(t for t in METHOD_GPU_TERMS if getattr(e.memory.gpu, t)))
     for term in shown_terms:
         value = getattr(e.memory.gpu, term)
-        lines.append(f"  {term:<17} {gib(value):>11}  {_bar(value, e.usable_gpu_bytes)}")
+        lines.append(f"  {term:<17} {gib(value):>11}  {_bar(value, e.memory.gpu.capacity)}")
     total = e.memory.gpu.total
     lines.append(
-        f"  {'total (peak)':<17} {gib(total):>11}  {_bar(total, e.usable_gpu_bytes)}  "
-        f"{100 * total / e.usable_gpu_bytes:.0f}% of usable, peak in {PHASE_LABELS[e.memory.gpu.peak_phase]}"
+        f"  {'total (peak)':<17} {gib(total):>11}  {_bar(total, e.memory.gpu.capacity)}  "
+        f"{e.fit.fill:.0%} of GPU memory, peak in {PHASE_LABELS[e.memory.gpu.peak_phase]}"
     )
     generation = f", generation {gib(e.memory.gpu.generation_phase)}" if e.memory.gpu.generates else ""
     lines.append(

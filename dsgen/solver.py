@@ -132,10 +132,48 @@ def model_parallel_layouts(spec: Spec) -> list[ModelParallel]:
     c = spec.constraints
     if c.fully_pinned:
         return [ModelParallel(c.tensor_parallel_size or 1, c.expert_parallel_size or 1)]
-    tps = tensor_parallel_degrees(spec) if c.expert_parallel_size in (None, 1) else (1,)
-    eps = expert_parallel_degrees(spec) if c.tensor_parallel_size in (None, 1) else (1,)
-    layouts = [ModelParallel(tp, 1) for tp in tps] + [ModelParallel(1, ep) for ep in eps if ep > 1]
-    return list(dict.fromkeys(layouts))
+    layouts = [ModelParallel(tp, 1) for tp in tensor_parallel_degrees(spec)]
+    layouts += [ModelParallel(1, ep) for ep in expert_parallel_degrees(spec)]
+    # a pin is a pin: a pinned degree excludes every layout with another one (the degrees of the
+    # unpinned dimension list 1 beside the rest, which would otherwise search the unpinned layout)
+    return [
+        layout
+        for layout in dict.fromkeys(layouts)
+        if c.tensor_parallel_size in (None, layout.tensor_parallel_size)
+        and c.expert_parallel_size in (None, layout.expert_parallel_size)
+    ]
+
+
+#: ZeRO++ as the spec pins it -> the knobs' label (dsgen.plan.ZeroKnobs.zeropp)
+ZEROPP_LABELS = {"none": "none", "hpz": "hpz", "full": "hpz+qwz+qgz"}
+
+
+def unmet_pins(spec: Spec, plan: Plan) -> tuple[str, ...]:
+    """The ``constraints`` keys whose pinned value ``plan`` does not carry (none, for any plan the
+    search proposes: :func:`solve` checks, so a pin is never dropped without a word)."""
+    c = spec.constraints
+    lc = plan.long_context
+    carried = {
+        "zero_stage": (c.zero_stage, plan.zero_stage),
+        "offload_optimizer": (c.offload_optimizer, plan.offload_optimizer),
+        "offload_param": (c.offload_param, plan.offload_param),
+        "activation_checkpointing": (c.activation_checkpointing, plan.checkpointing),
+        "micro_batch_size": (c.micro_batch_size, plan.micro_batch_size),
+        "gradient_accumulation_steps": (c.gradient_accumulation_steps, plan.gradient_accumulation_steps),
+        "zeropp": (None if c.zeropp is None else ZEROPP_LABELS[c.zeropp], plan.knobs.zeropp),
+        "sequence_parallel_size": (c.sequence_parallel_size, lc.sequence_parallel_size),
+        "tiled_mlp": (c.tiled_mlp, lc.tiled_mlp),
+        "tiled_loss": (c.tiled_loss, lc.tiled_loss),
+        "checkpoint_offload": (c.checkpoint_offload, lc.checkpoint_offload),
+        # DeepSpeed reads the reduction dtype only under Ulysses (fp32 without SP)
+        "seq_parallel_communication_data_type": (
+            c.seq_parallel_communication_data_type if lc.sequence_parallel_size > 1 else None,
+            lc.communication_dtype,
+        ),
+        "tensor_parallel_size": (c.tensor_parallel_size, plan.tensor_parallel_size),
+        "expert_parallel_size": (c.expert_parallel_size, plan.expert_parallel_size),
+    }
+    return tuple(key for key, (pinned, value) in carried.items() if pinned is not None and pinned != value)
 
 
 def _refused(spec: Spec, base: _Structure, layout: ModelParallel, sp: int) -> bool:
@@ -206,11 +244,10 @@ def _base_structures(spec: Spec) -> Iterator[_Structure]:
                     and spec.training.optimizer.type in ("adam", "adamw")
                 )
                 # ZeRO++ targets multi-node ZeRO-3 with parameters on the GPU
-                zeropps = (
-                    ZEROPP_CHOICES[c.zeropp or "auto"]
-                    if stage == 3 and hw.nodes > 1 and offload_param == "none"
-                    else ["none"]
-                )
+                zeroppable = stage == 3 and hw.nodes > 1 and offload_param == "none"
+                zeropps = ZEROPP_CHOICES[c.zeropp or "auto"] if zeroppable else ["none"]
+                if c.zeropp not in (None, "none") and not zeroppable:
+                    continue  # a pinned ZeRO++ needs multi-node ZeRO-3 with parameters on the GPU
                 for ratio in OFFLOAD_RATIOS if partial else (1.0,):
                     for zeropp in zeropps:
                         for checkpointing in _choices(c.activation_checkpointing, checkpointing_modes):
@@ -230,13 +267,12 @@ def _no_plan_for_pins(spec: Spec) -> DsgenError:
         if first is not None and all(refusals):
             why, hint = first
             return DsgenError(why, path="output.target", location=spec.location("output.target"), hint=hint)
-    pins = {
+    pins: dict[str, object] = {
         "zero_stage": c.zero_stage,
         "offload_optimizer": c.offload_optimizer,
         "offload_param": c.offload_param,
         "activation_checkpointing": c.activation_checkpointing,
     }
-    shown = ", ".join(f"{k}: {v}" for k, v in pins.items() if v is not None)
     if c.offload_optimizer == "nvme" and ((c.zero_stage is not None and c.zero_stage < 3) or not spec.hardware.nvme):
         why = "optimizer offload to NVMe needs ZeRO-3 and hardware.nvme (ZeRO-1/2 only offload to CPU)"
     elif c.offload_param not in (None, "none") and is_client_optimizer(spec.training.optimizer):
@@ -246,8 +282,12 @@ def _no_plan_for_pins(spec: Spec) -> DsgenError:
         )
     elif c.offload_param not in (None, "none") and c.zero_stage is not None and c.zero_stage < 3:
         why = "parameter offload needs ZeRO-3"
+    elif c.zeropp not in (None, "none"):
+        pins = {"zeropp": c.zeropp, **pins}  # named first: it is the pin that cannot apply
+        why = "ZeRO++ needs ZeRO-3 on more than one node with parameters on the GPU"
     else:
         why = "DeepSpeed supports no plan with all of them together"
+    shown = ", ".join(f"{k}: {v}" for k, v in pins.items() if v is not None)
     key = next((k for k, v in pins.items() if v is not None), "zero_stage")
     return DsgenError(
         f"the pinned constraints ({shown}) leave no plan to search: {why}",
@@ -387,11 +427,16 @@ def fits_any(spec: Spec) -> bool:
     global_batch = global_batch_target(spec).sequences
     search = spec.constraints.long_context_searchable
     splits_by_divisor = _splits_by_degree(spec, global_batch, search)
-    degrees = [d for d in sequence_parallel_degrees(spec, search) if splits_by_divisor.get(d)]
+    layouts = model_parallel_layouts(spec)
+    # the splits are keyed by the GPUs that share a micro-batch, the Ulysses degree times the TP one
+    degrees = [
+        d
+        for d in sequence_parallel_degrees(spec, search)
+        if any(splits_by_divisor.get(d * layout.tensor_parallel_size) for layout in layouts)
+    ]
     precision = resolve_precision(spec)
     usable_gpu, usable_cpu = usable_bytes(spec)
     leanest_knobs = {stage: knob_variants(spec.model, stage)[-1] for stage in range(4)}
-    layouts = model_parallel_layouts(spec)
     for base in reversed(list(_base_structures(spec))):
         knobs = _knob_variants_for(spec, base, [leanest_knobs[base.stage]])[0]
         for layout in reversed(layouts):  # the largest degrees hold the least
@@ -502,6 +547,8 @@ def solve(spec: Spec, accounting: Accounting = "dsgen") -> SolveResult:
         # four are searched jointly with the others.
         more, counted = _search(spec, target.sequences, accounting, long_search=True)
         evaluations, evaluated = evaluations + more, evaluated + counted
+    # a pin is a pin: the search proposes only pinned values, and nothing else is ever shown
+    evaluations = [e for e in evaluations if not unmet_pins(spec, e.plan)]
     if not evaluations:  # every structure lacked a batch split it could run
         raise _no_plan_for_pins(spec)
     feasible = rank_within_error([e for e in evaluations if e.feasible], spec.model)

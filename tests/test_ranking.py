@@ -17,7 +17,10 @@ from dsgen.estimate.throughput import STEP_TIME_TIE_BAND, StepTime
 from dsgen.evaluation import Evaluation, evaluate
 from dsgen.knob_variants import default_knobs
 from dsgen.plan import Plan
-from dsgen.ranking import rank_within_error
+from dsgen.plan import LongContext, ModelParallel
+from dsgen.ranking import decided_by, dominates, moving_parts, rank_within_error, undominated
+from dsgen.units import GIB
+from dsgen.verdict import ROOM_LINE, SAFE_LINE
 from dsgen.spec.loader import load_spec_text
 from tests.conftest import EXAMPLES_DIR
 
@@ -51,11 +54,49 @@ def _priced(spec, seconds: float, **choices: object) -> Evaluation:
     return replace(e, step=StepTime(compute_s=seconds, exposed_comm_s=0.0, offload_s=0.0, model_flops=1.0))
 
 
-def test_a_faster_plan_within_the_band_loses_to_the_simpler_one() -> None:
+def _at_capacity(e: Evaluation, capacity: int) -> Evaluation:
+    """``e`` on a GPU of ``capacity`` bytes: its fill (and so its margin to the safe line) moves."""
+    return replace(e, memory=replace(e.memory, gpu=replace(e.memory.gpu, capacity=capacity)))
+
+
+def test_a_slower_and_larger_plan_never_goes_first() -> None:
+    """The GRPO case of issue 48: ZeRO-1 was chosen over a ZeRO-2 plan it priced faster and smaller,
+    because the tie rule put the lower stage first."""
     spec = _spec()
-    zero1 = _priced(spec, 1.0 + STEP_TIME_TIE_BAND * 0.9, zero_stage=1)
+    zero1 = _priced(spec, 1.0 + STEP_TIME_TIE_BAND * 0.5, zero_stage=1)
     zero2 = _priced(spec, 1.0, zero_stage=2)
-    assert [e.plan.zero_stage for e in rank_within_error([zero2, zero1], spec.model)] == [1, 2]
+    assert zero2.memory.gpu.total < zero1.memory.gpu.total  # ZeRO-2 partitions the gradients
+    assert zero2.memory.cpu.total <= zero1.memory.cpu.total
+    assert dominates(zero2, zero1) and not dominates(zero1, zero2)
+    assert [e.plan.zero_stage for e in rank_within_error([zero1, zero2], spec.model)] == [2, 1]
+
+
+def test_a_faster_plan_within_the_band_loses_to_one_with_fewer_moving_parts() -> None:
+    """Neither dominates (the offload plan holds less on the GPU, more on the host): the tie goes
+    to the plan without offload."""
+    spec = _spec()
+    offload = _priced(spec, 1.0, zero_stage=2, offload_optimizer="cpu")
+    plain = _priced(spec, 1.0 + STEP_TIME_TIE_BAND * 0.9, zero_stage=2)
+    assert offload.memory.gpu.total < plain.memory.gpu.total and offload.memory.cpu.total > plain.memory.cpu.total
+    assert (moving_parts(offload), moving_parts(plain)) == (1, 0)
+    assert rank_within_error([offload, plain], spec.model)[0] is plain
+
+
+def test_room_to_spare_wins_a_tie_against_a_plan_close_to_the_safe_line() -> None:
+    """A plan near the safe line loses a tie to one at or below the room line, even a simpler one:
+    between 80 % and 90 % of GPU memory close to half the published runs ran out (MARGIN_BANDS)."""
+    spec = _spec()
+    fast = _priced(spec, 1.0, zero_stage=1, micro_batch_size=2, gradient_accumulation_steps=4)
+    lean = _priced(spec, 1.0 + STEP_TIME_TIE_BAND * 0.9, zero_stage=2, checkpointing="full")
+    capacity = int(fast.memory.gpu.total / ((ROOM_LINE + SAFE_LINE) / 2))  # the fast plan at 85 %
+    fast, lean = _at_capacity(fast, capacity), _at_capacity(lean, capacity)
+    assert lean.fit.fill <= ROOM_LINE < fast.fit.fill <= SAFE_LINE
+    assert not dominates(fast, lean)
+    assert rank_within_error([fast, lean], spec.model)[0] is lean
+    assert "room to spare" in decided_by(rank_within_error([fast, lean], spec.model), spec.model)
+    # with room on both, the faster, simpler plan (ZeRO-1, no recomputation) keeps its place
+    roomy = capacity * 2
+    assert rank_within_error([_at_capacity(fast, roomy), _at_capacity(lean, roomy)], spec.model)[0].plan.zero_stage == 1
 
 
 def test_a_faster_plan_beyond_the_band_wins() -> None:
@@ -65,11 +106,27 @@ def test_a_faster_plan_beyond_the_band_wins() -> None:
     assert [e.plan.zero_stage for e in rank_within_error([zero1, zero2], spec.model)] == [2, 1]
 
 
-def test_tie_order_offload_then_stage_then_quantization_then_checkpointing_then_knobs() -> None:
+def test_moving_parts_count_offload_model_parallelism_version_pins_and_ulysses() -> None:
+    spec = _spec()
+    base = _priced(spec, 1.0, zero_stage=3)
+    cases = {
+        (): 0,
+        (("offload_optimizer", "cpu"),): 1,
+        (("offload_optimizer", "cpu"), ("offload_param", "cpu")): 2,
+        (("model_parallel", ModelParallel(2, 1)),): 1,
+        (("model_parallel", ModelParallel(1, 2)),): 2,  # AutoEP: its layout and transformers' version bound
+        (("long_context", LongContext(sequence_parallel_size=2)),): 1,
+    }
+    for changes, parts in cases.items():
+        assert moving_parts(replace(base, plan=replace(base.plan, **dict(changes)))) == parts, changes
+
+
+def test_tie_order_within_equal_risk_offload_then_stage_then_quantization_then_checkpointing_then_knobs() -> None:
+    """Where the margin and the moving parts are equal and no plan dominates another (each is set
+    to need more host RAM the faster it is), the simplicity order decides."""
     spec = _spec()
     t = 1.0
     plans = {
-        "offload": _priced(spec, t * 0.90, zero_stage=2, offload_optimizer="cpu"),
         "zero3": _priced(spec, t * 0.92, zero_stage=3),
         "zero3-qwz": _priced(
             spec, t * 0.88, zero_stage=3, knobs=replace(default_knobs(spec.model, 3), quantized_weights=True)
@@ -80,9 +137,16 @@ def test_tie_order_offload_then_stage_then_quantization_then_checkpointing_then_
         ),
         "zero2": _priced(spec, t * 0.95, zero_stage=2),
     }
+    host = max(e.memory.cpu.total for e in plans.values())
+    by_speed = sorted(plans, key=lambda name: plans[name].step.total_s)
+    for rank, name in enumerate(by_speed):
+        e = plans[name]
+        cpu = replace(e.memory.cpu, total=host + (len(plans) - rank) * GIB)
+        plans[name] = replace(e, memory=replace(e.memory, cpu=cpu))
     ranked = rank_within_error(list(plans.values()), spec.model)
+    assert len(undominated(plans.values())) == len(plans)
     names = {id(e): name for name, e in plans.items()}
-    assert [names[id(e)] for e in ranked] == ["zero2", "zero2-tuned", "zero2-ckpt", "zero3", "zero3-qwz", "offload"]
+    assert [names[id(e)] for e in ranked] == ["zero2", "zero2-tuned", "zero2-ckpt", "zero3", "zero3-qwz"]
 
 
 def test_equally_simple_plans_keep_the_faster_first() -> None:

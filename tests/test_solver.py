@@ -383,13 +383,25 @@ def test_top_table_and_explain(capsys) -> None:
     band = body["tie_band"]
     assert band == STEP_TIME_TIE_BAND and body["ranked"][0]["plan"] == body["plan"]
     assert all(t <= min(times[i:]) * (1 + band) + 1e-6 for i, t in enumerate(times))
-    assert f"plans within {band:.0%} of the fastest are ties" in table.stdout
+    assert f"plans within {band:.0%} of the fastest remaining" in table.stdout
+    assert "room to spare" in table.stdout and "#1: " in table.stdout  # the rule, and what decided #1
     assert all(r["verdict"] == "fits" and r["fill"] <= r["safe_line"] for r in body["ranked"])
+    # every row's batch arithmetic holds for its own layout: micro x accumulation x its data-parallel
+    # ranks (GPUs / TP) is the spec's batch, and the TP column shows the layout that varies
+    header = next(line for line in table.stdout.splitlines() if line.split()[:2] == ["#", "stage"])
+    columns = header.split()[: header.split().index("batch") + 1]  # single-word cells up to the batch
+    assert "TP" in columns and {r["plan"]["tensor_parallel_size"] for r in body["ranked"]} != {1}
+    for line in rows:
+        cells = dict(zip(columns, line.split()[: len(columns)], strict=True))
+        assert int(cells["micro"]) * int(cells["accum"]) * int(cells["DP"]) == int(cells["batch"]) == 256
+        assert int(cells["DP"]) * int(cells["TP"]) == 8
     explained = run_cli(["explain", example], capsys)
     assert explained.exit_code == 0
     assert "ZeRO-0: " in explained.stdout and "GiB per GPU" in explained.stdout
-    assert "model parallelism (AutoTP / AutoEP) not chosen:\n  AutoTP 2: " in explained.stdout
+    not_chosen = explained.stdout.split("model parallelism (AutoTP / AutoEP) not chosen:\n")[1]
+    assert "\n  none: " in "\n" + not_chosen  # the chosen plan is AutoTP 2: the plain layout is listed
     assert "offload choices not chosen:" in explained.stdout and "compute" in explained.stdout
+    assert "why this plan: " in explained.stdout
 
 
 def test_slow_inter_node_link_moves_large_model_to_zeropp_only_as_far_as_allowed() -> None:

@@ -15,7 +15,16 @@ import pytest
 from dsgen.doctor.diagnose import diagnose
 from dsgen.solver import solve
 from dsgen.spec.loader import load_spec_text
-from dsgen.verdict import BANDS, HELD_OUT_BANDS, LONG_CONTEXT_BANDS, SAFE_LINE, band_of, classify
+from dsgen.verdict import (
+    BANDS,
+    HELD_OUT_BANDS,
+    LONG_CONTEXT_BANDS,
+    MARGIN_BANDS,
+    ROOM_LINE,
+    SAFE_LINE,
+    band_of,
+    classify,
+)
 from tests.conftest import EXAMPLES_DIR, bench_module
 
 
@@ -42,22 +51,40 @@ def test_band_edges() -> None:
     assert tight.as_dict()["band"] == _tight_band_json(BANDS[1].runs, BANDS[1].gpu_oom)
 
 
-def _doctor_band_counts(*names: str) -> dict[str, list[int]]:
-    """[runs, ran out of GPU memory] per band of ``dsgen doctor``'s own predictions on the corpus
-    files ``names`` (runs the doctor calls host-oom have no GPU band)."""
+def _doctor_fills(*names: str) -> list[tuple[float, bool]]:
+    """(GPU fill, ran out of GPU memory) of ``dsgen doctor``'s own predictions on the corpus files
+    ``names`` (runs the doctor calls host-oom have no GPU band)."""
     specs = _bench("outcome_specs")
-    counts = {band.verdict: [0, 0] for band in BANDS}
+    fills = []
     for name in names:
         corpus = specs.load_corpus(name)
         for case in corpus["cases"]:
             spec = specs.doctor_spec(case, corpus)
             d = diagnose(specs.doctor_config(case, corpus, spec.model), spec, max_fixes=0)
-            if d.verdict == "host-oom":
-                continue
-            band = band_of(d.fit.fill)
-            counts[band.verdict][0] += 1
-            counts[band.verdict][1] += case["outcome"] == "oom"
+            if d.verdict != "host-oom":
+                fills.append((d.fit.fill, case["outcome"] == "oom"))
+    return fills
+
+
+def _doctor_band_counts(*names: str) -> dict[str, list[int]]:
+    """[runs, ran out of GPU memory] per band of the doctor's predictions on ``names``."""
+    counts = {band.verdict: [0, 0] for band in BANDS}
+    for fill, oom in _doctor_fills(*names):
+        band = band_of(fill)
+        counts[band.verdict][0] += 1
+        counts[band.verdict][1] += oom
     return counts
+
+
+def test_margin_bands_are_every_fit_corpus_outcome_below_the_safe_line() -> None:
+    """MARGIN_BANDS (the solver's room-to-spare line) re-derived from the calibration and every
+    held-out fit file: below the room line and between it and the safe line."""
+    fills = _doctor_fills("fit_outcomes", *_bench("fit_accuracy").held_out_corpora())
+    below = [oom for fill, oom in fills if fill <= ROOM_LINE]
+    close = [oom for fill, oom in fills if ROOM_LINE < fill <= SAFE_LINE]
+    assert [(len(below), sum(below)), (len(close), sum(close))] == [(b.runs, b.gpu_oom) for b in MARGIN_BANDS]
+    # the evidence the line stands on: runs close to the safe line ran out far more often
+    assert sum(close) / len(close) > 2 * sum(below) / len(below)
 
 
 def test_bands_are_the_corpus_outcomes_of_the_doctors_own_predictions() -> None:
