@@ -4,18 +4,21 @@ No closed formula: every probe is the solver's own feasibility question
 (:func:`dsgen.solver.fits_any`, which prices the leanest plan of each structure the search
 would try), and the point found is solved in full (:func:`dsgen.solver.solve`) for its plan,
 memory and step time. Feasibility falls as the value grows (more tokens hold more activations
-under every plan), which is what makes bisection sound.
+under every plan), which is what makes bisection sound. ``solve`` is the authority: where its
+answer at the boundary differs from ``fits_any``'s, the bisection is redone over ``solve``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
 from dsgen.errors import DsgenError
 from dsgen.estimate.sequence_parallel import sp_violation
 from dsgen.evaluation import Evaluation
+from dsgen.model_parallel_choices import ep_violation, tp_violation
 from dsgen.solver import SolveResult, fits_any, solve
 from dsgen.spec.types import Spec
 
@@ -44,6 +47,14 @@ class FrontierPoint:
         """The plan that misses by least one granule past the frontier (None at the search limit,
         and when nothing fits: ``result`` then says why)."""
         return self.beyond.closest if self.beyond is not None else None
+
+    @property
+    def miss(self) -> Evaluation | None:
+        """When nothing fits: the plan that misses by least at the smallest value (``solve``'s
+        closest, or the pinned plan of a fully pinned spec), whose reason says what runs out."""
+        if self.value is not None:
+            return None
+        return self.result.best if self.result.best is not None else self.result.closest
 
     @property
     def runs_out(self) -> tuple[str, ...]:
@@ -81,7 +92,37 @@ def spec_for_gpus(spec: Spec, gpus: int) -> Spec:
             path="--gpus",
             hint=f"use counts up to {per_node} or multiples of {per_node} (hardware.gpus_per_node)",
         )
-    return replace(spec, hardware=hardware)
+    at = replace(spec, hardware=hardware)
+    pinned = _pinned_degree_violation(at)
+    if pinned is not None:
+        key, why = pinned
+        raise DsgenError(
+            f"{gpus} GPUs: constraints.{key}: {why}",
+            path="--gpus",
+            hint=f"leave that count out, or let the solver choose constraints.{key} (auto)",
+        )
+    return at
+
+
+def _pinned_degree_violation(spec: Spec) -> tuple[str, str] | None:
+    """(key, why) for a pinned AutoTP, AutoEP or Ulysses degree this GPU count cannot run. The
+    spec loader checks them on the spec's own cluster; ``--gpus`` moves it, so they are checked
+    again with the same rules (else the solver has no layout to search, and no reason to give)."""
+    c, model, training, hw = spec.constraints, spec.model, spec.training, spec.hardware
+    found: list[tuple[str, str | None]] = []
+    if c.tensor_parallel_size is not None:
+        found.append(("tensor_parallel_size", tp_violation(model, c.tensor_parallel_size, hw.gpus_per_node, training)))
+    if c.expert_parallel_size is not None:
+        found.append(("expert_parallel_size", ep_violation(model, c.expert_parallel_size, hw.world_size, training)))
+    if c.sequence_parallel_size is not None:
+        sp = c.sequence_parallel_size
+        found.append(
+            (
+                "sequence_parallel_size",
+                sp_violation(model, sp, hw.world_size, training.sequence_length, training.attention),
+            )
+        )
+    return next(((key, why) for key, why in found if why is not None), None)
 
 
 def _at(spec: Spec, over: Over, value: int) -> Spec:
@@ -101,6 +142,7 @@ def _at(spec: Spec, over: Over, value: int) -> Spec:
 
 
 def _fits(spec: Spec) -> bool:
+    """The fast feasibility question bisection asks (:func:`dsgen.solver.fits_any`)."""
     try:
         return fits_any(spec)
     except DsgenError:  # e.g. a pinned degree that does not divide this length
@@ -114,32 +156,71 @@ def _granule(spec: Spec, over: Over) -> int:
     return math.lcm(SEQUENCE_GRANULE, sp)
 
 
+def _bisect(fits: Callable[[int], bool], limit: int, low: int) -> int:
+    """The largest ``k`` in ``1..limit`` with ``fits(k)``, or 0 when none: feasibility falls as
+    ``k`` grows. ``low``: a ``k`` believed to fit (0: none known), checked before it is used."""
+    if low and not fits(low):
+        low = 0  # the hint did not hold here: search the whole range
+    if fits(limit):
+        return limit
+    high = limit  # fits(low) (or low == 0); not fits(high)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def _agrees(point: FrontierPoint) -> bool:
+    """Whether ``solve`` confirms the boundary the fast predicate found: the value fits, one
+    granule more does not, and when nothing fits, not even the smallest value does."""
+    if point.value is None:
+        return not point.result.feasible
+    return point.result.feasible and (point.beyond is None or not point.beyond.feasible)
+
+
 def frontier_point(spec: Spec, over: Over = "sequence_length", lower: int = 0) -> FrontierPoint:
     """The largest multiple of the granule up to the limit at which some plan fits.
 
     ``lower``: a value known to fit (a smaller cluster's frontier), which narrows the bisection.
+
+    The bisection asks :func:`dsgen.solver.fits_any`, a fast stand-in for ``solve``'s own
+    feasibility; the two full solves made anyway (at the value, one granule past it) check the
+    boundary it found. Where they disagree (a layout ``fits_any`` misjudges), the bisection is
+    redone over ``solve`` itself, so the point shown is always ``solve``'s boundary and a point
+    where nothing fits always carries the closest plan's reason.
     """
     unit = _granule(spec, over)
     limit = (SEQUENCE_LIMIT if over == "sequence_length" else MICRO_BATCH_LIMIT) // unit
-    low, high = min(lower // unit, limit), limit + 1  # fits(low * unit) (or low == 0); not fits(high * unit)
-    if low and not _fits(_at(spec, over, low * unit)):
-        low = 0  # the hint did not hold here: search the whole range
-    if _fits(_at(spec, over, limit * unit)):
-        low = limit
-    else:
-        high = limit
-        while high - low > 1:
-            middle = (low + high) // 2
-            if _fits(_at(spec, over, middle * unit)):
-                low = middle
-            else:
-                high = middle
-    value = low * unit if low else None
-    result = solve(_at(spec, over, value or unit))
-    beyond = solve(_at(spec, over, (low + 1) * unit)) if value is not None and low < limit else None
-    return FrontierPoint(
-        gpus=spec.hardware.world_size, value=value, result=result, at_limit=low == limit, beyond=beyond
-    )
+    solved: dict[int, SolveResult] = {}
+
+    def solve_at(k: int) -> SolveResult:
+        if k not in solved:
+            solved[k] = solve(_at(spec, over, k * unit))
+        return solved[k]
+
+    def feasible_at(k: int) -> bool:
+        try:
+            return solve_at(k).feasible
+        except DsgenError:
+            return False
+
+    def point_at(low: int) -> FrontierPoint:
+        return FrontierPoint(
+            gpus=spec.hardware.world_size,
+            value=low * unit if low else None,
+            result=solve_at(low or 1),
+            at_limit=low == limit,
+            beyond=solve_at(low + 1) if low and low < limit else None,
+        )
+
+    hint = min(lower // unit, limit)
+    point = point_at(_bisect(lambda k: _fits(_at(spec, over, k * unit)), limit, hint))
+    if not _agrees(point):
+        point = point_at(_bisect(feasible_at, limit, hint))
+    return point
 
 
 def frontier(spec: Spec, over: Over = "sequence_length", gpus: list[int] | None = None) -> list[FrontierPoint]:

@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from dsgen.errors import DsgenError
+from dsgen.evaluation import Evaluation
 from dsgen.frontier import FrontierPoint, Over
 from dsgen.report import evaluation_dict, text_table
+from dsgen.spec.types import Spec
 from dsgen.units import gib
 
 PLOT_SUFFIXES = (".svg", ".png")
@@ -23,19 +25,34 @@ def _key(over: Over) -> str:
 
 def point_dict(point: FrontierPoint, over: Over) -> dict[str, Any]:
     """One point: the largest value, and the plan, memory and step time there (``solve --json``'s)."""
-    shown = point.result.best if point.result.best is not None else point.result.closest
-    assert shown is not None
-    body = evaluation_dict(shown, point.result.spec) if point.value is not None else {}
+    best = point.result.best
+    body = evaluation_dict(best, point.result.spec) if point.value is not None and best is not None else {}
     return {
         _key(over): point.value,
         "at_search_limit": point.at_limit,
         "plan": body.get("plan"),
         "memory": body.get("memory"),
         "step_time_s": body.get("step_time_s"),
-        "reason": None if point.value is not None else shown.reason(),
+        "reason": _no_fit_reason(point),
         "stopped_by": _stopped_by(point, over),
         "sequence_parallel_ceiling": point.sequence_parallel_ceiling,
     }
+
+
+def _no_fit_reason(point: FrontierPoint) -> str | None:
+    """Why not even the smallest value fits: the closest plan's reason, as ``solve`` gives it
+    (``None`` when a value fits)."""
+    miss = point.miss
+    if miss is None:
+        return None
+    return miss.reason() or f"{miss.plan.describe()} does not fit"
+
+
+def _value_of(spec: Spec, over: Over) -> int:
+    """The searched value a frontier probe's spec was solved at."""
+    value = spec.training.sequence_length if over == "sequence_length" else spec.constraints.micro_batch_size
+    assert value is not None  # the frontier pins the micro-batch it probes
+    return value
 
 
 def _stopped_by(point: FrontierPoint, over: Over) -> dict[str, Any] | None:
@@ -44,9 +61,7 @@ def _stopped_by(point: FrontierPoint, over: Over) -> dict[str, Any] | None:
     e = point.nearest_beyond
     if e is None or point.beyond is None or not point.runs_out:
         return None
-    at = point.beyond.spec
-    next_value = at.training.sequence_length if over == "sequence_length" else at.constraints.micro_batch_size
-    return {over: next_value, "runs_out": list(point.runs_out), "reason": e.reason()}
+    return {over: _value_of(point.beyond.spec, over), "runs_out": list(point.runs_out), "reason": e.reason()}
 
 
 def frontier_dict(points: list[FrontierPoint], over: Over, with_points: bool) -> dict[str, Any]:
@@ -71,13 +86,12 @@ def frontier_table(points: list[FrontierPoint], over: Over, width: int = 32) -> 
     header = ["GPUs", "max " + over.replace("_", " "), "plan", "GPU peak", "step"]
     rows = []
     for p in points:
-        e = p.result.best if p.result.best is not None else p.result.closest
-        assert e is not None
-        value = "none fits" if p.value is None else _count(p.value) + ("+" if p.at_limit else "")
-        plan = e.plan.describe() if p.value is not None else e.reason()
-        peak = f"{e.memory.gpu.total / (1 << 30):.1f} GiB" if p.value is not None else "-"
-        step = f"{e.step.total_s:.2f} s" if p.value is not None else "-"
-        rows.append([str(p.gpus), value, plan, peak, step])
+        e = p.result.best
+        if p.value is None or e is None:
+            rows.append([str(p.gpus), "none fits", _no_fit_reason(p) or "", "-", "-"])
+            continue
+        value = _count(p.value) + ("+" if p.at_limit else "")
+        rows.append([str(p.gpus), value, e.plan.describe(), gib(e.memory.gpu.total), f"{e.step.total_s:.2f} s"])
     top = max((p.value or 0 for p in points), default=0)
     bars = [
         f"{p.gpus:>6} GPUs |{'#' * (round(width * (p.value or 0) / top) if top else 0):<{width}}| "
@@ -94,23 +108,35 @@ def _amount(n_bytes: int) -> str:
     return gib(n_bytes) if n_bytes >= 1 << 30 else f"{max(n_bytes, 0) / (1 << 20):,.0f} MiB"
 
 
+def _where(over: Over, value: int) -> str:
+    return f"{value:,} tokens" if over == "sequence_length" else f"micro-batch {value}"
+
+
+def _over_by(e: Evaluation) -> str:
+    """What ``e`` runs out of, each by how much against its limit (capacity less the headroom)."""
+    over_by = {
+        "gpu": f"GPU memory, over by {_amount(e.memory.gpu.total - e.usable_gpu_bytes)} "
+        f"of the {gib(e.usable_gpu_bytes)} limit",
+        "host": f"host RAM, over by {_amount(e.memory.cpu.total - e.usable_cpu_bytes)} "
+        f"of the {gib(e.usable_cpu_bytes)} limit per node{e.host_capacity_note}",
+        "nvme": f"NVMe ({e.reason()})",
+        "kernel": f"a kernel limit ({e.kernel_limit})",
+    }
+    return "; ".join(over_by[r] for r in e.runs_out)
+
+
 def _what_stops(points: list[FrontierPoint], over: Over) -> list[str]:
     """Per GPU count, what runs out one step past the frontier (by how much, for the plan that
-    misses by least), and what caps the Ulysses degree."""
+    misses by least; at the smallest value when nothing fits), and what caps the Ulysses degree."""
     lines = []
     for p in points:
         stop, e = _stopped_by(p, over), p.nearest_beyond
         if stop is not None and e is not None:
-            over_by = {
-                "gpu": f"GPU memory, over by {_amount(e.memory.gpu.total - e.usable_gpu_bytes)} "
-                f"of {gib(e.usable_gpu_bytes)} usable",
-                "host": f"host RAM, over by {_amount(e.memory.cpu.total - e.usable_cpu_bytes)} "
-                f"of {gib(e.usable_cpu_bytes)} usable per node{e.host_capacity_note}",
-                "nvme": f"NVMe ({e.reason()})",
-                "kernel": f"a kernel limit ({e.kernel_limit})",
-            }
-            where = f"{stop[over]:,} tokens" if over == "sequence_length" else f"micro-batch {stop[over]}"
-            lines.append(f"  {p.gpus:>5} GPUs, at {where}: " + "; ".join(over_by[r] for r in p.runs_out))
+            lines.append(f"  {p.gpus:>5} GPUs, at {_where(over, stop[over])}: {_over_by(e)}")
+        miss = p.miss
+        if miss is not None and miss.runs_out:
+            smallest = _value_of(p.result.spec, over)
+            lines.append(f"  {p.gpus:>5} GPUs, none fits, already at {_where(over, smallest)}: {_over_by(miss)}")
         if p.sequence_parallel_ceiling is not None:
             lines.append(f"  {p.gpus:>5} GPUs: no larger {p.sequence_parallel_ceiling}")
     return ["", "what runs out one step further (the plan that misses by least):", *lines] if lines else []
