@@ -226,7 +226,8 @@ def doctor(
 
     from dsgen.doctor.auto_values import load_training_args
     from dsgen.doctor.diagnose import diagnose
-    from dsgen.doctor.method_files import llamafactory_inputs, peft_overrides, trl_overrides
+    from dsgen.doctor.method_files import llamafactory_inputs
+    from dsgen.doctor.spec_batch import doctor_spec
     from dsgen.spec.types import Spec
     from dsgen.validate import loader
 
@@ -244,13 +245,9 @@ def doctor(
             spec if release is None else replace(spec, training=replace(spec.training, deepspeed_version=release))
         )
     else:  # through the loader, so its rules for the release hold (no ALST before 0.17.4)
-        overrides = [] if release is None else [f'training.deepspeed_version="{release}"']
-        loaded_spec = load_spec(spec, overrides)
-        method = [*factory, *trl_overrides(args or {})]
-        if peft is not None:
-            method += peft_overrides(peft, loaded_spec.training.finetuning.method)
-        if method:  # what the run's own files say about the method and objective wins
-            loaded_spec = load_spec(spec, [*overrides, *method])
+        loaded_spec = doctor_spec(
+            spec, data, release=release, trainer_args=args, method=tuple(factory), peft=peft, world_size=world_size
+        )
     return diagnose(data, loaded_spec, world_size=world_size, trainer_args=args, error_text=error)
 
 

@@ -18,20 +18,21 @@ from dsgen.doctor.batch import Batch, Parallel
 from dsgen.doctor.config_to_plan import ConfigPlan, config_to_plan
 from dsgen.doctor.evaluation_batch import evaluation_notes
 from dsgen.doctor.findings import DoctorFinding
-from dsgen.doctor.fixes import Fix, find_fixes
+from dsgen.doctor.fixes import Fix, find_fixes, plan_changes
 from dsgen.doctor.keys import with_changes
 from dsgen.doctor.method_fixes import MethodFix, method_fixes
+from dsgen.doctor.nearest import MoreGpus, NearMiss, more_gpus, nearest_plans
 from dsgen.doctor.objective_batch import objective_batch_notes
 from dsgen.doctor.oom_match import OomReading, read_oom
 from dsgen.doctor.oom_message import OomMessage, parse_oom
 from dsgen.doctor.reading import ConfigReading, RunReading, read_config, read_run, run_validator, spec_at
 from dsgen.doctor.run_optimizer import with_run_optimizer
-from dsgen.errors import ExitCode
+from dsgen.errors import DsgenError, ExitCode
 from dsgen.estimate.kernel_limits import KERNEL_LIMIT_HINT
 from dsgen.evaluation import Evaluation, evaluate
 from dsgen.plan import Plan
 from dsgen.report import PHASE_LABELS
-from dsgen.solver import solve
+from dsgen.solver import SolveResult, solve
 from dsgen.spec.types import Spec
 from dsgen.units import gib
 from dsgen.validate import Report
@@ -70,6 +71,8 @@ class Diagnosis:
     fixes: tuple[Fix, ...]
     oom: OomReading | None
     method_fixes: tuple[MethodFix, ...] = ()  # changes to what the run trains (not config fixes)
+    nearest: tuple[NearMiss, ...] = ()  # when no fix fits: the plans that miss by least, and by how much
+    more_gpus: MoreGpus | None = None  # when no fix fits: the fewest nodes like the run's on which one does
 
     @property
     def verdict(self) -> str:
@@ -121,8 +124,9 @@ def diagnose(
     reading = read_run(config, spec, world_size=world_size, trainer_args=trainer_args)
     oom_message = parse_oom(error_text) if error_text is not None else None
     pricing = _price(reading)
-    fixes = _fix(reading, pricing, max_fixes)
-    return _report(reading, pricing, fixes, oom_message)
+    search = _fix(reading, pricing, max_fixes)
+    diagnosis = _report(reading, pricing, search.fixes, oom_message)
+    return replace(diagnosis, **_leads(reading, pricing, search))
 
 
 def _price(reading: RunReading) -> _Pricing:
@@ -176,7 +180,7 @@ def _memory_findings(
             DoctorFinding(
                 "warning",
                 "tight",
-                f"predicted at {fit.fill:.0%} of {gpu.name} memory, above the safe line "
+                f"predicted at {fit.fill:.0%} of GPU memory ({gpu.name}), above the safe line "
                 f"({fit.band.low if fit.band else 0:.0%}): {fit.evidence}",
                 "apply one of the fixes below, or accept the risk",
             )
@@ -195,7 +199,7 @@ def _memory_findings(
             DoctorFinding(
                 "error" if fit.verdict == "oom" else "warning",
                 "gpu-memory",
-                f"predicted {gib(evaluation.memory.gpu.total)} per GPU of {gib(gpu.memory_bytes)} ({fit.fill:.0%}); "
+                f"predicted {gib(evaluation.memory.gpu.total)} per GPU of {gib(gpu.memory_bytes)} ({fit.fill:.0%} of GPU memory); "
                 f"peak in {PHASE_LABELS[dominant.phase]}, dominated by {dominant.term} "
                 f"({dominant.share:.0%} of that phase)",
             )
@@ -233,15 +237,96 @@ def _memory_findings(
     return findings
 
 
-def _fix(reading: RunReading, p: _Pricing, limit: int) -> tuple[Fix, ...]:
+@dataclass(frozen=True)
+class _Search:
+    """The fixes found, and the solver's result on the last spec searched for them (the spec's own
+    headroom), whose near misses lead on when no fix fits."""
+
+    fixes: tuple[Fix, ...] = ()
+    result: SolveResult | None = None
+
+
+def _needs_fix(p: _Pricing) -> bool:
+    return p.evaluation is not None and (p.fit.verdict in ("tight", "oom", "host-oom") or not p.evaluation.feasible)
+
+
+def _fix(reading: RunReading, p: _Pricing, limit: int) -> _Search:
     """Fixes from the solver's search, for a config that is tight, out of memory or needs its
     batch corrected; nothing for one that fits."""
     if reading.plan is None or p.evaluation is None or limit <= 0:
-        return ()
-    needs_fix = p.fit.verdict in ("tight", "oom", "host-oom") or not p.evaluation.feasible
-    if not needs_fix and not reading.base_changes:
-        return ()
+        return _Search()
+    if not _needs_fix(p) and not reading.base_changes:
+        return _Search()
     return _fixes(reading, reading.plan, limit)
+
+
+def _leads(reading: RunReading, p: _Pricing, search: _Search) -> dict[str, Any]:
+    """Where the doctor leads beyond the config fixes: the lighter methods, each at its own best
+    plan (for a run that does not fit), and, when no fix fits, the nearest plans with what each
+    lacks and the fewest nodes like the run's on which a plan fits. Diagnosis fields by name."""
+    plan = reading.plan
+    if plan is None or p.evaluation is None or p.evaluation.feasible:
+        return {}
+    spec = reading.search_spec
+    trainer = _under_trainer(reading)
+    base = with_changes(reading.config, reading.base_changes)
+
+    def best_plan(alternative: Spec) -> Evaluation | None:
+        for headroom in _headrooms(alternative):
+            result = _solve_or_none(_search_spec(alternative, plan, plan.data_parallel_size, headroom))
+            if result is not None and result.feasible:
+                return result.best
+        return None
+
+    def changes_to(target: Plan) -> tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]:
+        changes, script = plan_changes(base, plan, target, spec, trainer)
+        return tuple(reading.base_changes.items()) + changes, script
+
+    leads: dict[str, Any] = {"method_fixes": method_fixes(spec, best_plan, changes_to)}
+    if search.fixes or not _needs_fix(p) or search.result is None:
+        return leads
+    leads["nearest"] = nearest_plans(search.result)
+    ranks = reading.world_size // plan.data_parallel_size if reading.world_size % plan.data_parallel_size == 0 else 0
+    if ranks:
+        safe = max(spec.constraints.memory_headroom, 1 - SAFE_LINE)
+        leads["more_gpus"] = more_gpus(
+            spec_at(spec, reading.world_size), partial(_search_on, plan=plan, ranks=ranks, headroom=safe)
+        )
+    return leads
+
+
+def _search_on(larger: Spec, *, plan: Plan, ranks: int, headroom: float) -> Spec:
+    """The doctor's search on a larger cluster of the run's nodes: its data-parallel ranks (every
+    ``ranks`` GPUs hold one replica, as in the run)."""
+    world = larger.hardware.world_size
+    if world % ranks:
+        raise DsgenError(f"{world} GPUs do not split into replicas of {ranks}")
+    return _search_spec(larger, plan, world // ranks, headroom)
+
+
+def _solve_or_none(spec: Spec) -> SolveResult | None:
+    """The solver's result, or None where the spec leaves no plan to search (no batch split)."""
+    try:
+        return solve(spec)
+    except DsgenError:
+        return None
+
+
+def _headrooms(spec: Spec) -> list[float]:
+    """The headrooms a fix is searched at, strictest first: below the calibrated safe line even
+    where the spec asks for less headroom, then the spec's own (see :func:`_fixes`)."""
+    own = spec.constraints.memory_headroom
+    return sorted({max(own, 1 - SAFE_LINE), own}, reverse=True)
+
+
+def _search_spec(spec: Spec, plan: Plan, data_parallel: int, headroom: float) -> Spec:
+    """The spec the doctor searches for fixes on ``data_parallel`` ranks at ``headroom``."""
+    return _fix_spec(_with_headroom(spec_at(spec, data_parallel), headroom), plan)
+
+
+def _under_trainer(reading: RunReading) -> bool:
+    """Whether the HF Trainer sets the batch (its arguments given, or "auto" keys in the config)."""
+    return reading.trainer_args is not None or bool(auto_keys(reading.config))
 
 
 def _report(reading: RunReading, p: _Pricing, fixes: tuple[Fix, ...], oom_message: OomMessage | None) -> Diagnosis:
@@ -273,9 +358,6 @@ def _report(reading: RunReading, p: _Pricing, fixes: tuple[Fix, ...], oom_messag
         findings=tuple(findings),
         fixes=fixes,
         oom=oom,
-        method_fixes=method_fixes(spec, p.evaluation.plan)
-        if p.evaluation is not None and not p.evaluation.feasible
-        else (),
     )
 
 
@@ -308,14 +390,14 @@ def _fix_spec(spec: Spec, plan: Plan) -> Spec:
     return replace(spec, training=training, constraints=constraints)
 
 
-def _fixes(reading: RunReading, plan: Plan, limit: int) -> tuple[Fix, ...]:
+def _fixes(reading: RunReading, plan: Plan, limit: int) -> _Search:
     """Fixes from the solver's ranked plans on top of any batch correction; each fixed config is
     read back as the doctor reads any config (:func:`dsgen.doctor.reading.read_config`) and must
     validate cleanly and fit."""
     spec, trainer_args, world = reading.search_spec, reading.trainer_args, reading.world_size
     base_changes = reading.base_changes
     base = with_changes(reading.config, base_changes)
-    trainer = trainer_args is not None or bool(auto_keys(reading.config))
+    trainer = _under_trainer(reading)
 
     def read(fixed: dict[str, Any], micro: int, accum: int) -> ConfigReading | None:
         args = (
@@ -352,10 +434,11 @@ def _fixes(reading: RunReading, plan: Plan, limit: int) -> tuple[Fix, ...]:
     # only when no plan does are the plans the spec's own headroom allows offered (so a config gets
     # a fix whenever dsgen solve finds a plan). The solver searches data parallelism over the ranks
     # ZeRO shards across (sequence, tensor or pipeline ranks are priced as the doctor prices them).
-    own = spec.constraints.memory_headroom
-    for headroom in sorted({max(own, 1 - SAFE_LINE), own}, reverse=True):
-        search = _fix_spec(_with_headroom(spec_at(spec, plan.data_parallel_size), headroom), plan)
-        fixes = find_fixes(base, plan, solve(search).ranked, spec, partial(price_at, headroom), trainer, limit)
+    result: SolveResult | None = None
+    for headroom in _headrooms(spec):
+        result = _solve_or_none(_search_spec(spec, plan, plan.data_parallel_size, headroom))
+        ranked = result.ranked if result is not None else ()
+        fixes = find_fixes(base, plan, ranked, spec, partial(price_at, headroom), trainer, limit)
         if fixes:
             break
     if prefix:
@@ -363,4 +446,4 @@ def _fixes(reading: RunReading, plan: Plan, limit: int) -> tuple[Fix, ...]:
         as_is = evaluate(with_run_optimizer(spec, base, trainer_args), plan)
         if as_is.feasible and read(base, plan.micro_batch_size, plan.gradient_accumulation_steps) is not None:
             fixes.insert(0, Fix("consistent batch values", prefix, (), as_is, base))
-    return tuple(fixes[:limit])
+    return _Search(tuple(fixes[:limit]), result)

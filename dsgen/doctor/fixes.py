@@ -11,9 +11,9 @@ Each candidate is written twice, nearest first: with the user's own ZeRO knobs (
 structure changes), then with the solver's knobs. The fixed config is re-read the way the doctor
 reads any config (``price``: "auto" values, validation, DeepSpeed's batch derivation, the
 config's keys and DeepSpeed's defaults) and kept only if that reading fits. Fixes are ordered
-fastest first; fixes whose predicted step times are within the step-time model's error band
-(``STEP_TIME_TIE_BAND``) are equally fast, and of those the one that changes the fewest keys goes
-first.
+by the solver's own ranking rule (:func:`dsgen.ranking.rank_within_error`), so the first fix is the
+plan ``dsgen solve`` would choose among them; where the rule cannot tell two apart, the one that
+changes fewer keys goes first.
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from dsgen.catalog.model_shape import ModelShape
 from dsgen.doctor.config_to_plan import KNOB_KEYS
 from dsgen.doctor.keys import MISSING, get, is_auto, with_changes
-from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
 from dsgen.evaluation import Evaluation
 from dsgen.plan import Plan, ZeroKnobs
+from dsgen.ranking import rank_within_error
 from dsgen.spec.types import Spec
 from dsgen.vocabulary import Checkpointing, OffloadDevice
 
@@ -288,21 +289,18 @@ def find_fixes(
             seen.add(key)
             found.append(Fix(describe(current, target), changes, script, evaluation, fixed))
             break
-    return order_fixes(found)[:limit]
+    return order_fixes(found, spec.model)[:limit]
 
 
-def order_fixes(fixes: list[Fix], band: float = STEP_TIME_TIE_BAND) -> list[Fix]:
-    """Fastest first; fixes within ``band`` of the fastest remaining one are equally fast, and of
-    those the one with the fewest changes goes first (then the faster)."""
-    remaining = sorted(fixes, key=lambda f: f.evaluation.step.total_s)
-    ordered: list[Fix] = []
-    while remaining:
-        limit = remaining[0].evaluation.step.total_s * (1 + band)
-        tied = [f for f in remaining if f.evaluation.step.total_s <= limit]
-        pick = min(tied, key=lambda f: (f.size, f.evaluation.step.total_s))
-        ordered.append(pick)
-        remaining.remove(pick)
-    return ordered
+def order_fixes(fixes: list[Fix], shape: ModelShape) -> list[Fix]:
+    """The fixes in the order ``dsgen solve`` ranks plans (:func:`dsgen.ranking.rank_within_error`):
+    the doctor holds no ranking rule of its own, so whatever the solver's rule prefers (step time
+    within the model's error, then margin and fewer moving parts) the doctor's first fix follows.
+    Fixes the rule cannot separate keep the order they are given in, fewest changes first."""
+    by_size = sorted(fixes, key=lambda f: f.size)  # stable: the rule's exact ties go to fewer changes
+    of_evaluation = {id(f.evaluation): f for f in by_size}
+    ranked = rank_within_error([f.evaluation for f in by_size], shape)
+    return [of_evaluation[id(e)] for e in ranked]
 
 
 def current_value(config: Mapping[str, Any], key: str) -> Any:

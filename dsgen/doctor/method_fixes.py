@@ -1,17 +1,23 @@
 """Fixes that change what the run trains, offered apart from the config fixes.
 
 Switching method changes the training itself, so these never mix with the config fixes the solver
-finds with the method held: the doctor prices the run's own plan under each lighter method (full
-to LoRA, LoRA to QLoRA, a separate reference model to precomputed log-probabilities) and lists the
-ones that fit, each saying what it changes.
+finds with the method held. Each lighter setup (full to LoRA, LoRA to QLoRA, a separate reference
+model to precomputed log-probabilities) is priced at its own best plan: the doctor's search (the
+run's global batch and precision, everything else free) solved with that setup. Pricing it at the
+crashed run's own micro-batch and checkpointing instead would hide a method that fits as soon as
+the batch is split differently (a full fine-tune of Mistral-7B at micro 8 on two RTX 4090s: LoRA
+does not fit at micro 8 without checkpointing, and fits at its own best plan). Each fix lists the
+spec keys it changes and the config and script changes its plan needs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from dsgen.estimate.objectives import REFERENCE_OBJECTIVES, reference_source
-from dsgen.evaluation import Evaluation, evaluate
+from dsgen.evaluation import Evaluation
 from dsgen.plan import Plan
 from dsgen.spec.types import FineTuning, Spec
 
@@ -22,7 +28,9 @@ class MethodFix:
 
     label: str
     changes: tuple[tuple[str, str], ...]  # spec keys and their new values
-    evaluation: Evaluation
+    evaluation: Evaluation  # its own best plan (the doctor's search solved with this setup)
+    config_changes: tuple[tuple[str, Any], ...] = ()  # what that plan changes in the config
+    script_changes: tuple[str, ...] = ()
 
 
 def _alternatives(finetuning: FineTuning) -> list[tuple[str, tuple[tuple[str, str], ...], FineTuning]]:
@@ -37,9 +45,11 @@ def _alternatives(finetuning: FineTuning) -> list[tuple[str, tuple[tuple[str, st
             )
         )
     if finetuning.method in ("full", "freeze"):
+        reference = finetuning.objective in REFERENCE_OBJECTIVES
         out.append(
             (
-                "LoRA adapters instead of training the weights (the reference pass then disables the adapter)",
+                "LoRA adapters instead of training the weights"
+                + (" (the reference pass then disables the adapter)" if reference else ""),
                 (("training.finetuning", "lora"),),
                 replace(finetuning, method="lora", reference_model="auto"),
             )
@@ -55,12 +65,20 @@ def _alternatives(finetuning: FineTuning) -> list[tuple[str, tuple[tuple[str, st
     return out
 
 
-def method_fixes(spec: Spec, plan: Plan) -> tuple[MethodFix, ...]:
-    """The lighter setups under which the run's own plan fits (empty when none does)."""
+#: The doctor's search solved for a spec: its best plan that fits, or None.
+BestPlan = Callable[[Spec], Evaluation | None]
+#: The config and script changes that turn the run's plan into another.
+PlanChanges = Callable[[Plan], tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]]
+
+
+def method_fixes(spec: Spec, best_plan: BestPlan, changes_to: PlanChanges) -> tuple[MethodFix, ...]:
+    """The lighter setups that fit at their own best plan (``best_plan``), each with the config
+    and script changes that plan needs (``changes_to``); empty when none fits."""
     found = []
     for label, changes, finetuning in _alternatives(spec.training.finetuning):
         alternative = replace(spec, training=replace(spec.training, finetuning=finetuning))
-        evaluation = evaluate(alternative, plan)
-        if evaluation.feasible:
-            found.append(MethodFix(label, changes, evaluation))
+        evaluation = best_plan(alternative)
+        if evaluation is not None:
+            config_changes, script = changes_to(evaluation.plan)
+            found.append(MethodFix(label, changes, evaluation, config_changes, script))
     return tuple(found)

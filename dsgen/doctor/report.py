@@ -7,6 +7,7 @@ from typing import Any
 
 from dsgen.doctor.diagnose import Diagnosis
 from dsgen.doctor.fixes import current_value
+from dsgen.doctor.nearest import NearMiss
 from dsgen.estimate.memory import HELD_BESIDE_TERMS
 from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
 from dsgen.method_summary import method_line
@@ -79,15 +80,24 @@ def diagnosis_dict(d: Diagnosis) -> dict[str, Any]:
             for fix in d.fixes
         ],
         # changes to what the run trains, apart from the config fixes (dsgen.doctor.method_fixes)
+        # each priced at its own best plan: the doctor's search solved with that method
         "method_fixes": [
             {
                 "label": fix.label,
                 "changes": dict(fix.changes),
                 "memory_gpu_total": fix.evaluation.memory.gpu.total,
+                "memory_cpu_total": fix.evaluation.memory.cpu.total,
+                "fill": round(fix.evaluation.fit.fill, 4),
                 "step_time_s": round(fix.evaluation.step.total_s, 6),
+                "plan": plan_dict(fix.evaluation.plan),
+                "config_changes": dict(fix.config_changes),
+                "script_changes": list(fix.script_changes),
             }
             for fix in d.method_fixes
         ],
+        # when no fix fits: the plans that miss by least, and what each lacks (dsgen.doctor.nearest)
+        "nearest_plans": [_near_miss_dict(miss) for miss in d.nearest],
+        "more_gpus": _more_gpus_dict(d),
     }
     if d.oom is not None:
         m = d.oom.message
@@ -109,6 +119,41 @@ def diagnosis_dict(d: Diagnosis) -> dict[str, Any]:
     return body
 
 
+def _near_miss_dict(miss: NearMiss) -> dict[str, Any]:
+    """One near miss: its plan, its memory against each limit, and the bytes short of each."""
+    e = miss.evaluation
+    return {
+        "label": e.plan.describe(),
+        "plan": plan_dict(e.plan),
+        "memory_gpu_total": e.memory.gpu.total,
+        "gpu_limit": e.usable_gpu_bytes,
+        "fill": round(e.fit.fill, 4),
+        "memory_cpu_total": e.memory.cpu.total,
+        "host_limit": e.usable_cpu_bytes,
+        "step_time_s": round(e.step.total_s, 6),
+        "short": {"gpu_bytes": miss.gpu_short, "host_bytes": miss.host_short, "nvme_bytes": miss.nvme_short},
+        "kernel_limit": miss.kernel_limit,
+    }
+
+
+def _more_gpus_dict(d: Diagnosis) -> dict[str, Any] | None:
+    more = d.more_gpus
+    if more is None:
+        return None
+    e = more.evaluation
+    return {
+        "nodes": more.nodes,
+        "gpus_per_node": more.world_size // more.nodes,
+        "world_size": more.world_size,
+        "label": e.plan.describe(),
+        "plan": plan_dict(e.plan),
+        "memory_gpu_total": e.memory.gpu.total,
+        "fill": round(e.fit.fill, 4),
+        "memory_cpu_total": e.memory.cpu.total,
+        "step_time_s": round(e.step.total_s, 6),
+    }
+
+
 VERDICT_TEXT = {
     "fits": "FITS",
     "tight": "TIGHT (below capacity, above the safe line)",
@@ -122,7 +167,7 @@ def human(d: Diagnosis) -> str:
     spec = d.spec
     lines = [
         f"verdict   {VERDICT_TEXT[d.verdict]}"
-        + (f": {d.fit.fill:.0%} of GPU capacity" if d.evaluation is not None and d.verdict != "host-oom" else "")
+        + (f": {d.fit.fill:.0%} of GPU memory" if d.evaluation is not None and d.verdict != "host-oom" else "")
         + ("; host RAM not judged (see findings)" if d.evaluation is not None and d.evaluation.host_unjudged else "")
     ]
     if d.fit.evidence:
@@ -141,7 +186,7 @@ def human(d: Diagnosis) -> str:
         )
         gpu = e.memory.gpu
         lines.append("")
-        lines.append(f"GPU memory per rank (capacity {gib(gpu.capacity)}, usable {gib(e.usable_gpu_bytes)}):")
+        lines.append(f"GPU memory per rank (capacity {gib(gpu.capacity)}, limit {gib(e.usable_gpu_bytes)}):")
         lines.append(f"  {'term':<17} {'fwd/bwd':>10} {'opt step':>10}")
         fb_values, step_values = (gpu.phase_terms(phase) for phase in ("forward_backward", "optimizer_step"))
         shown = (*GPU_TERMS, *(t for t in HELD_BESIDE_TERMS if fb_values.get(t) or step_values.get(t)))
@@ -186,35 +231,97 @@ def human(d: Diagnosis) -> str:
     if d.fixes:
         lines.append("")
         lines.append(
-            f"fixes, fastest first (step times within the model's {STEP_TIME_TIE_BAND:.0%} error are ties: "
-            "fewer changes first):"
+            f"fixes, in the order dsgen solve ranks plans (step times within the model's {STEP_TIME_TIE_BAND:.0%} "
+            "error are ties, settled by the solver's tie rule):"
         )
         for index, fix in enumerate(d.fixes, start=1):
             lines.append(
-                f"  {index}. {fix.label}: GPU {gib(fix.evaluation.memory.gpu.total)}, host {gib(fix.evaluation.memory.cpu.total)}, "
+                f"  {index}. {fix.label}: GPU {gib(fix.evaluation.memory.gpu.total)} "
+                f"({fix.evaluation.fit.fill:.0%} of GPU memory), host {gib(fix.evaluation.memory.cpu.total)}, "
                 f"{fix.evaluation.step.total_s:.3f} s/step"
             )
-            for key, value in fix.changes:
-                lines.append(f"       {key}: {_json_value(current_value(d.config, key))} -> {_json_value(value)}")
-            for change in fix.script_changes:
-                lines.append(f"       script: {change}")
+            lines.extend(_change_lines(d, fix.changes, fix.script_changes))
         lines.append("  (write the first with --fix -o fixed.json)")
     elif d.verdict in ("tight", "oom", "host-oom"):
         lines.append("")
-        if d.verdict == "host-oom":
-            lines.append(
-                "no plan dsgen solve finds for this spec fits: add host RAM, declare NVMe (hardware.nvme) for "
-                "ZeRO-Infinity offload, or add nodes (each holds a smaller share)"
-            )
-        else:
-            lines.append("no plan dsgen solve finds for this spec fits: add GPUs or nodes, or shorten the sequence")
+        lines.extend(_nothing_fits_lines(d))
     if d.method_fixes:
         lines.append("")
-        lines.append("changing the training instead (not config fixes: each changes what the run learns; same config):")
+        lines.append(
+            "changing the training instead (not config fixes: each changes what the run learns; "
+            "each at its own best plan):"
+        )
         for method in d.method_fixes:
+            e = method.evaluation
             keys = ", ".join(f"{key}: {value}" for key, value in method.changes)
-            lines.append(f"  - {method.label}: GPU {gib(method.evaluation.memory.gpu.total)} ({keys} in the spec)")
+            lines.append(
+                f"  - {method.label} ({keys} in the spec): {e.plan.describe()}; GPU {gib(e.memory.gpu.total)} "
+                f"({e.fit.fill:.0%} of GPU memory), host {gib(e.memory.cpu.total)}, {e.step.total_s:.3f} s/step"
+            )
+            lines.extend(_change_lines(d, method.config_changes, method.script_changes))
     return "\n".join(lines)
+
+
+def _change_lines(d: Diagnosis, changes: tuple[tuple[str, Any], ...], script: tuple[str, ...]) -> list[str]:
+    """Each config key a change sets, as old -> new, then what the training script must change."""
+    lines = [
+        f"       {key}: {_json_value(current_value(d.config, key))} -> {_json_value(value)}" for key, value in changes
+    ]
+    return lines + [f"       script: {change}" for change in script]
+
+
+def _lacks(miss: NearMiss) -> str:
+    """What one near miss lacks, in the units the user can add."""
+    e = miss.evaluation
+    parts = []
+    if miss.gpu_short:
+        parts.append(
+            f"GPU {gib(e.memory.gpu.total)} ({e.fit.fill:.0%} of GPU memory) against the "
+            f"{gib(e.usable_gpu_bytes)} limit: {gib(miss.gpu_short)} short"
+        )
+    else:
+        parts.append(f"GPU {gib(e.memory.gpu.total)} ({e.fit.fill:.0%} of GPU memory) fits")
+    if miss.host_short:
+        parts.append(
+            f"host RAM {gib(e.memory.cpu.total)} of {gib(e.usable_cpu_bytes)} usable per node: "
+            f"{gib(miss.host_short)} short{e.host_capacity_note}"
+        )
+    else:
+        parts.append(f"host RAM {gib(e.memory.cpu.total)} of {gib(e.usable_cpu_bytes)} usable fits")
+    if miss.nvme_short:
+        parts.append(f"NVMe {gib(miss.nvme_short)} short")
+    if miss.kernel_limit is not None:
+        parts.append(miss.kernel_limit)
+    return "; ".join(parts)
+
+
+def _nothing_fits_lines(d: Diagnosis) -> list[str]:
+    """No fix fits: the nearest plans and what each lacks, the GPUs that would do, and the other ways on."""
+    lines = ["no plan dsgen solve finds for this spec fits"]
+    if d.nearest:
+        lines[0] += "; the nearest, and what each lacks:"
+        for index, miss in enumerate(d.nearest, start=1):
+            lines.append(f"  {index}. {miss.evaluation.plan.describe()}: {_lacks(miss)}")
+    hardware = d.spec.hardware
+    more = d.more_gpus
+    if more is not None:
+        e = more.evaluation
+        lines.append(
+            f"  with {more.nodes} nodes like this one ({more.world_size} x {hardware.gpu.name}, "
+            f"{hardware.cpu_memory_gib:g} GiB host RAM each) it fits: {e.plan.describe()} at "
+            f"{gib(e.memory.gpu.total)} ({e.fit.fill:.0%} of GPU memory), {e.step.total_s:.3f} s/step "
+            f"(run the doctor again with hardware.nodes: {more.nodes})"
+        )
+    if d.verdict == "host-oom" or any(miss.host_short for miss in d.nearest):
+        lines.append(
+            "  other ways on: add host RAM (hardware.cpu_memory_gib), declare NVMe (hardware.nvme) for "
+            "ZeRO-Infinity offload, or shorten the sequence"
+        )
+    else:
+        lines.append(
+            "  other ways on: shorten the sequence" + (", or change the training (below)" if d.method_fixes else "")
+        )
+    return lines
 
 
 def _json_value(value: Any) -> str:
