@@ -12,7 +12,7 @@ from dsgen.evaluation import Evaluation
 from dsgen.method_summary import method_line, method_summary
 from dsgen.plan import LongContext, Plan, plan_dict
 from dsgen.ranking import decided_by, ties_fastest
-from dsgen.solver import SolveResult
+from dsgen.solver import SolveResult, pinned_constraints
 from dsgen.spec.defaults import spec_default
 from dsgen.spec.types import Spec
 from dsgen.targets.long_context import attention_note, liger_note, long_context_notes
@@ -161,6 +161,19 @@ def result_dict(result: SolveResult) -> dict[str, Any]:
         }
         for label, evaluation, reason in result.model_parallel_alternatives
     ]
+    body["offload_alternatives"] = [
+        {
+            "offload": label,
+            "feasible": evaluation.feasible,
+            "plan": plan_dict(evaluation.plan),
+            "memory_gpu_total": evaluation.memory.gpu.total,
+            "step_time_s": round(evaluation.step.total_s, 6),
+            "reason": reason,
+        }
+        for label, evaluation, reason in result.offload_alternatives
+    ]
+    chose = result.feasible and result.ranked and result.best is result.ranked[0]
+    body["decided_by"] = decided_by(result.ranked, spec.model) if chose else None
     return body
 
 
@@ -377,5 +390,6 @@ def human_summary(result: SolveResult) -> str:
         + f"); {e.tokens_per_s:,.0f} tokens/s"
     )
     if not e.feasible:
-        lines.append(f"DOES NOT FIT: {e.reason()}")
+        pinned = pinned_constraints(spec)
+        lines.append(f"DOES NOT FIT{f' with the pinned constraints ({pinned})' if pinned else ''}: {e.reason()}")
     return "\n".join(lines)

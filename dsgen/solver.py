@@ -564,7 +564,7 @@ def solve(spec: Spec, accounting: Accounting = "dsgen") -> SolveResult:
             continue
         of_stage = [e for e in evaluations if e.plan.zero_stage == stage]
         if not of_stage:
-            alternatives.append(Alternative(stage, None, "excluded by constraints"))
+            alternatives.append(Alternative(stage, None, f"excluded by the pinned constraints ({pinned_constraints(spec)})"))
             continue
         top = _best_of(of_stage, spec.model)
         alternatives.append(Alternative(stage, top, _compare(top, best, fastest_s)))
@@ -620,10 +620,38 @@ def require_feasible(result: SolveResult) -> Evaluation:
     assert miss is not None
     spec = result.spec
     what = "the pinned plan" if result.fully_pinned else "no plan fits; the closest is"
+    pinned = pinned_constraints(spec)
+    within = f" (within the pinned constraints {pinned})" if pinned and not result.fully_pinned else ""
     raise InfeasibleError(
-        f"{what} {miss.plan.describe()}: {miss.reason()}",
+        f"{what} {miss.plan.describe()}{within}: {miss.reason()}",
         hint=_infeasible_hint(spec, miss),
     )
+
+
+def pinned_constraints(spec: Spec) -> str:
+    """The constraints the spec pins, as the spec writes them (``zero_stage: 3, micro_batch_size: 8``)."""
+    c = spec.constraints
+    keys = [key for key in PINNABLE_KEYS if getattr(c, key) is not None]
+    return ", ".join(f"{key}: {getattr(c, key)}" for key in keys)
+
+
+#: The constraints that pin one dimension of the search (memory_headroom and allow_batch_rounding
+#: are limits, not dimensions; seq_parallel_communication_data_type always has a value).
+PINNABLE_KEYS = (
+    "zero_stage",
+    "offload_optimizer",
+    "offload_param",
+    "activation_checkpointing",
+    "micro_batch_size",
+    "gradient_accumulation_steps",
+    "zeropp",
+    "sequence_parallel_size",
+    "tiled_mlp",
+    "tiled_loss",
+    "checkpoint_offload",
+    "tensor_parallel_size",
+    "expert_parallel_size",
+)
 
 
 def _infeasible_hint(spec: Spec, miss: Evaluation) -> str:

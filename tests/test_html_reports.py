@@ -11,6 +11,7 @@ two decimals, counts with thousands separators.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -75,13 +76,22 @@ def _at(body: Any, path: str) -> Any:
     return body
 
 
+def _spelled(text: str) -> str:
+    """Text reduced to its letters and digits, lower case: a label spells its JSON value if the
+    value's letters appear in it ("LoRA" spells "lora", "adapter disabled" "adapter-disabled")."""
+    return "".join(ch for ch in text.lower() if ch.isalnum())
+
+
 def _check_numbers(page: Page, body: Any) -> int:
     """Every element the page ties to a JSON path shows that path's value; returns how many."""
     shown = page.numbers()
     for item in shown:
         path = str(item["path"])
         expected = _at(body, path)
-        if item["format"] is not None:
+        if item["format"] == "label":  # a readable word for a JSON string ("adapter disabled")
+            assert item["value"] == expected, (path, item["value"], expected)
+            assert _spelled(expected) in _spelled(str(item["text"])), (path, item["text"], expected)
+        elif item["format"] is not None:
             assert item["value"] is not None and float(item["value"]) == pytest.approx(expected, rel=1e-12), path
             assert item["text"] == _expected_text(expected, str(item["format"])), (path, item["text"], expected)
         elif expected is None:
@@ -110,6 +120,8 @@ def test_explain_page_shows_solves_numbers_with_no_errors(
     # one stacked bar per phase, the capacity and safe-line marks, every phase's terms in the table
     assert page.page.locator("svg").first.locator("rect").count() >= 8
     assert page.page.locator("#verdict strong").inner_text().lower() == body["verdict"]
+    # the rule's reason for the plan, as solve --json and explain give it
+    assert body["decided_by"] and page.page.locator("#decided-by").inner_text() == f"Why this plan: {body['decided_by']}"
 
 
 def test_explain_page_escapes_what_the_spec_says(
@@ -186,3 +198,215 @@ def test_a_bad_html_destination_is_bad_input_and_writes_nothing(
         ["explain", spec, "--set", "training.sequence_length=-1", "--html", str(tmp_path / "x.html")], capsys
     )
     assert result.exit_code == 2 and not (tmp_path / "x.html").exists()
+
+
+# ---- issue 48: the page tells the same story as explain, readably, at every width ------------
+
+WIDTHS = (360, 390, 1280, 1920)
+#: GRPO on the DPO example: the sequence is the prompt plus the completion (the loader refuses
+#: anything else), so the spec states both.
+GRPO = [
+    "--set",
+    "training.objective=grpo",
+    "--set",
+    "training.sequence_length=768",
+    "--set",
+    "training.generation.max_prompt_length=512",
+    "--set",
+    "training.generation.max_completion_length=256",
+]
+#: Ulysses SP pinned on the 128k example: its plan then carries the longest field name,
+#: seq_parallel_communication_data_type, whose "fp32" once wrapped a letter per line.
+PINNED_SP = ["--set", "constraints.sequence_parallel_size=4"]
+#: ZeRO++ in full (qwZ, qgZ, hpZ) on ZeRO-3 over four nodes.
+ZEROPP = ["--set", "hardware.nodes=4", "--set", "constraints.zero_stage=3", "--set", "constraints.zeropp=full"]
+#: Every plan has these; each other plan key is a dimension the page lists only when it is on.
+ALWAYS_SHOWN = {"precision", "zero_stage", "micro_batch_size", "gradient_accumulation_steps"}
+ALWAYS_SHOWN |= {"data_parallel_size", "global_batch_size"}
+
+#: Everything in the plan grid that does not fit its cell: a cell that scrolls, an element drawn
+#: outside its cell, or a label or value broken inside a word (more lines than words).
+PLAN_GRID_PROBLEMS = """() => Array.from(document.querySelectorAll('#plan > div')).flatMap(cell => {
+  const box = cell.getBoundingClientRect();
+  const problems = [];
+  if (cell.scrollWidth > cell.clientWidth) { problems.push(cell.textContent + ': scrolls'); }
+  for (const el of cell.querySelectorAll('*')) {
+    const r = el.getBoundingClientRect();
+    if (r.left < box.left - 0.5 || r.right > box.right + 0.5) { problems.push(el.textContent + ': outside its cell'); }
+  }
+  for (const el of cell.children) {
+    const range = document.createRange();
+    range.selectNodeContents(el);
+    const lines = new Set(Array.from(range.getClientRects()).map(r => Math.round(r.bottom / 4))).size;
+    const words = el.textContent.trim().split(/\\s+/).length;
+    if (lines > words) { problems.push(el.textContent + ': ' + lines + ' lines for ' + words + ' words'); }
+  }
+  return problems;
+})"""
+
+
+def _explain(tmp_path: Path, capsys: pytest.CaptureFixture[str], example: str, *args: str) -> tuple[Path, Any]:
+    """``explain --html`` on an example (with ``args``), and ``solve --json`` on the same."""
+    spec = str(EXAMPLES / example)
+    html = tmp_path / f"explain-{len(list(tmp_path.glob('explain-*')))}.html"
+    result = run_cli(["explain", spec, *args, "--html", str(html)], capsys)
+    assert result.exit_code == 0, result.stderr
+    return html, json.loads(run_cli(["solve", spec, *args, "--json"], capsys).stdout)
+
+
+def _is_on(key: str, value: Any, plan: dict[str, Any]) -> bool:
+    """Whether a plan dimension departs from DeepSpeed's default of leaving the feature out."""
+    if key == "seq_parallel_communication_data_type":
+        return bool(plan["sequence_parallel_size"] > 1)  # DeepSpeed ignores it without Ulysses SP
+    if key == "offload_optimizer_ratio":
+        return bool(0 < value < 1)  # a partial offload; a whole one is the offload row itself
+    if key == "zeropp":
+        return bool(value["hpz_partition_size"] > 1 or value["quantized_weights"] or value["quantized_gradients"])
+    if key.endswith("_size"):
+        return bool(value != 1)
+    return value not in (False, None, "none")
+
+
+def test_pages_fit_every_width(browser: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """From a phone (360 px) to a wide screen (1,920 px): nothing scrolls sideways but a wide table
+    in its own box, and every label and value of the plan grid stays whole inside its cell."""
+    pages = [
+        _explain(tmp_path, capsys, "llama-3.1-8b-128k-8xh100.yaml", *PINNED_SP),
+        _explain(tmp_path, capsys, "qwen3-30b-a3b-8xh100.yaml"),
+        _explain(tmp_path, capsys, "llama-3.1-70b-8xa100.yaml", *ZEROPP),
+        _explain(tmp_path, capsys, "dpo-llama-3.1-8b-8xh100.yaml", *GRPO),
+    ]
+    assert pages[0][1]["plan"]["sequence_parallel_size"] == 4  # the pin holds: the long field is shown
+    frontier = tmp_path / "frontier.html"
+    args = ["frontier", str(EXAMPLES / "llama-3.1-8b-8xh100.yaml"), "--gpus", "1,8,16", "--html", str(frontier)]
+    assert run_cli(args, capsys).exit_code == 0
+    assert (
+        run_cli(["sweep", str(EXAMPLES / "sweep" / "sweep.yaml"), "-o", str(tmp_path / "runs")], capsys).exit_code == 0
+    )
+    for width in WIDTHS:
+        for path in [*(html for html, _ in pages), frontier, tmp_path / "runs" / "report.html"]:
+            page = Page(browser, path, width=width)
+            assert page.errors == []
+            sideways = page.page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+            assert sideways <= 0, (path.name, width, sideways)
+            if path in [html for html, _ in pages]:
+                assert page.page.evaluate(PLAN_GRID_PROBLEMS) == [], (path.name, width)
+            page.page.close()
+
+
+def test_explain_plan_shows_what_the_plan_turns_on_in_words(
+    browser: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for html, body in (
+        _explain(tmp_path, capsys, "llama-3.1-8b-128k-8xh100.yaml", *PINNED_SP),
+        _explain(tmp_path, capsys, "llama-3.1-70b-8xa100.yaml", *ZEROPP),
+        _explain(tmp_path, capsys, "qwen3-30b-a3b-8xh100.yaml"),
+    ):
+        page = Page(browser, html)
+        assert _check_numbers(page, body) >= 30
+        grid = page.page.locator("#plan")
+        labels = [label.strip() for label in grid.locator(".k").all_inner_texts()]
+        assert all("_" not in label for label in labels), labels  # no raw field names
+        assert "{" not in grid.inner_text()  # no JSON objects
+        plan = body["plan"]
+        for key, value in plan.items():
+            shown = grid.locator(f'[data-json="plan.{key}"], [data-json^="plan.{key}."]').count() > 0
+            expected = key in ALWAYS_SHOWN or _is_on(key, value, plan)
+            if key == "zeropp" and expected:  # the flags are words (qwZ, qgZ), only hpZ's size a number
+                expected = value["hpz_partition_size"] > 1
+                assert "ZeRO++" in labels
+            assert shown == expected, (html.name, key, value)
+        zeropp = plan["zeropp"]
+        if _is_on("zeropp", zeropp, plan):  # ZeRO++'s own names for its three features
+            row = grid.locator("div", has=page.page.locator(".k", has_text="ZeRO++")).inner_text()
+            assert ("qwZ" in row) == zeropp["quantized_weights"], row
+            assert ("qgZ" in row) == zeropp["quantized_gradients"], row
+            assert (f"hpZ {zeropp['hpz_partition_size']}" in row) == (zeropp["hpz_partition_size"] > 1), row
+        page.page.close()
+
+
+@pytest.mark.parametrize(
+    ("example", "args"),
+    [
+        ("dpo-llama-3.1-8b-8xh100.yaml", []),
+        ("qlora-qwen2.5-7b-rtx4090.yaml", []),
+        ("llama-3.1-8b-8xh100.yaml", []),
+        ("dpo-llama-3.1-8b-8xh100.yaml", GRPO),
+    ],
+)
+def test_explain_header_names_method_and_objective(
+    browser: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], example: str, args: list[str]
+) -> None:
+    html, body = _explain(tmp_path, capsys, example, *args)
+    page = Page(browser, html)
+    _check_numbers(page, body)  # each label below spells its JSON value
+    header = page.page.locator("#header")
+    for key in ("method", "objective"):
+        assert header.locator(f'[data-json="finetuning.{key}"]').count() == 1, key
+        assert _spelled(body["finetuning"][key]) in _spelled(header.inner_text()), key
+
+
+def test_explain_alternatives_include_the_model_parallel_layouts(
+    browser: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    html, body = _explain(tmp_path, capsys, "qwen3-30b-a3b-8xh100.yaml")
+    assert body["model_parallel_alternatives"], "the MoE example prices AutoEP layouts"
+    page = Page(browser, html)
+    _check_numbers(page, body)
+    table = page.page.locator("#alternatives")
+    lists = ("alternatives", "model_parallel_alternatives", "offload_alternatives")
+    for name in lists:
+        for index, alt in enumerate(body.get(name) or []):
+            row = table.locator("tbody tr", has=page.page.locator(f'[data-json="{name}.{index}.feasible"]'))
+            assert row.count() == 1, (name, index)
+            if name == "model_parallel_alternatives":
+                assert alt["layout"] in row.inner_text()
+    listed = sum(len(body.get(name) or []) for name in lists)
+    assert table.locator("tbody tr").count() == listed + 1  # and the chosen plan, to compare against
+
+
+def test_explain_step_legend_lists_every_term_generation_included(
+    browser: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    html, body = _explain(tmp_path, capsys, "dpo-llama-3.1-8b-8xh100.yaml", *GRPO)
+    assert body["step_time"]["generation_s"] > 0, "GRPO generates"
+    page = Page(browser, html)
+    _check_numbers(page, body)
+    legend = page.page.locator("#step-legend li[data-term]")
+    terms = legend.evaluate_all("items => items.map(i => i.getAttribute('data-term'))")
+    assert terms == list(body["step_time"])
+    values = page.page.locator("#step-legend [data-json]").evaluate_all(
+        "els => els.map(e => [e.getAttribute('data-json'), Number(e.getAttribute('data-value'))])"
+    )
+    assert [path for path, _ in values] == [f"step_time.{term}" for term in body["step_time"]]
+    assert sum(value for _, value in values) == pytest.approx(body["step_time_s"], abs=1e-5)
+    # each drawn segment has its legend entry's colour
+    swatches = dict(
+        legend.evaluate_all(
+            "items => items.map(i => [i.getAttribute('data-term'), i.querySelector('.swatch').style.backgroundColor])"
+        )
+    )
+    for term, colour in page.page.locator("#step-chart rect[data-term]").evaluate_all(
+        "rs => rs.map(r => [r.getAttribute('data-term'), r.getAttribute('fill')])"
+    ):
+        assert _rgb(colour) == swatches[term], term
+    assert page.page.locator("#step-chart rect[data-term='generation_s']").count() == 1
+
+
+def _rgb(hex_colour: str) -> str:
+    """A ``#rrggbb`` colour as the browser reports a computed style: ``rgb(r, g, b)``."""
+    r, g, b = (int(hex_colour[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgb({r}, {g}, {b})"
+
+
+def test_explain_page_states_memory_as_one_percentage(
+    browser: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One figure for GPU memory: the fill of GPU memory, never a share of the usable part."""
+    html, body = _explain(tmp_path, capsys, "qwen3-30b-a3b-8xh100.yaml")
+    page = Page(browser, html)
+    text = page.page.locator("body").inner_text()
+    assert not re.search(r"%\s*of\s+usable", text)
+    fill = page.page.locator("#gpu-fill")
+    assert fill.locator('[data-json="fill"]').count() == 1
+    assert f"{_expected_text(body['fill'], 'percent')} of GPU memory" in fill.inner_text()

@@ -7,6 +7,7 @@ from typing import Any
 
 from dsgen import __version__
 from dsgen.html.charts import VERDICT_COLOURS, columns
+from dsgen.html.labels import plan_summary
 from dsgen.html.page import render_page
 
 
@@ -24,5 +25,6 @@ def frontier_page(body: dict[str, Any], spec_name: str, model: str, gpu: str) ->
             "body": body,
             "key": key,
             "chart": columns(items),
+            "summaries": [plan_summary(point["plan"]) if point.get("plan") else "" for point in body["points"]],
         },
     )

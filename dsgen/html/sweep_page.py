@@ -13,6 +13,7 @@ from typing import Any
 
 from dsgen import __version__
 from dsgen.html.charts import NEUTRAL, VERDICT_COLOURS, columns
+from dsgen.html.labels import plan_summary
 from dsgen.html.page import render_page
 from dsgen.verdict import SAFE_LINE
 
@@ -35,7 +36,9 @@ def sweep_page(rows: Sequence[dict[str, Any]], varied_keys: Sequence[str], sweep
             "statuses": sorted(Counter(row["status"] for row in rows).items()),
             "verdicts": sorted(Counter(row["verdict"] for row in rows if row["verdict"]).items()),
             "verdict_colours": VERDICT_COLOURS,
+            "safe_line": SAFE_LINE,
             "fill_chart": columns(fills, guide=SAFE_LINE, guide_label=f"safe line {SAFE_LINE:.0%}"),
             "throughput_chart": columns(throughput),
+            "summaries": [plan_summary(row) if row.get("zero_stage") is not None else "" for row in rows],
         },
     )
