@@ -224,9 +224,8 @@ def doctor(
     (:mod:`dsgen.doctor.method_files`)."""
     from dataclasses import replace
 
-    from dsgen.doctor.auto_values import load_training_args
     from dsgen.doctor.diagnose import diagnose
-    from dsgen.doctor.method_files import llamafactory_inputs
+    from dsgen.doctor.method_files import llamafactory_inputs, read_training_args
     from dsgen.doctor.spec_batch import doctor_spec
     from dsgen.spec.types import Spec
     from dsgen.validate import loader
@@ -234,7 +233,7 @@ def doctor(
     data = config if isinstance(config, dict) else loader.load(config).data
     release = None if deepspeed_version is None else _release_name(deepspeed_version)
     args = (
-        training_args if isinstance(training_args, dict) or training_args is None else load_training_args(training_args)
+        training_args if isinstance(training_args, dict) or training_args is None else read_training_args(training_args)
     )
     factory: list[str] = []
     if llamafactory is not None:

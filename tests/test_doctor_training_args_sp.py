@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from dsgen.api import load_spec
-from dsgen.doctor.auto_values import load_training_args
+from dsgen.doctor.method_files import read_training_args
 from dsgen.doctor.diagnose import diagnose
 from dsgen.errors import DsgenError
 from tests.cli_helpers import run_cli
@@ -64,7 +64,7 @@ def test_valid_parallelism_config_is_what_the_consumers_accept(tmp_path: Path) -
     from transformers import HfArgumentParser, TrainingArguments
 
     path = _write(tmp_path, {k: v for k, v in ARGS.items() if k != "bf16"})  # CPU CI: no bf16 check
-    assert load_training_args(path)["parallelism_config"] == PC
+    assert read_training_args(path)["parallelism_config"] == PC
     (parsed,) = HfArgumentParser(TrainingArguments).parse_json_file(str(path))
     assert parsed.parallelism_config == PC  # the parser hands the object over as a dict
     pc = _accelerate_parallelism(PC)
@@ -88,7 +88,7 @@ def test_malformed_parallelism_config_names_field_and_file(tmp_path: Path, block
         _accelerate_parallelism(block)
     path = _write(tmp_path, {"parallelism_config": block})
     with pytest.raises(DsgenError) as info:
-        load_training_args(path)
+        read_training_args(path)
     assert field in str(info.value) and str(path) in str(info.value)
 
 
@@ -103,14 +103,14 @@ def test_sp_seq_length_must_be_an_integer(tmp_path: Path) -> None:
     field = "sp_handler.sp_seq_length"
     path = _write(tmp_path, {"parallelism_config": block})
     with pytest.raises(DsgenError) as info:
-        load_training_args(path)
+        read_training_args(path)
     assert field in str(info.value) and str(path) in str(info.value)
 
 
 def test_parallelism_config_must_be_an_object(tmp_path: Path) -> None:
     with pytest.raises(DsgenError, match="parallelism_config must be a JSON object"):
-        load_training_args(_write(tmp_path, {"parallelism_config": [4]}))
-    assert load_training_args(_write(tmp_path, {"parallelism_config": None}))["parallelism_config"] is None
+        read_training_args(_write(tmp_path, {"parallelism_config": [4]}))
+    assert read_training_args(_write(tmp_path, {"parallelism_config": None}))["parallelism_config"] is None
 
 
 def test_malformed_parallelism_config_exits_2(
@@ -196,7 +196,7 @@ def test_round_trip_dsgen_hf_trainer_bundle(
     degree = config["sequence_parallel_size"]
     assert degree > 1
     spec = load_spec(SPEC)
-    args = load_training_args(out / "training_args.json")
+    args = read_training_args(out / "training_args.json")
     assert diagnose(config, spec, trainer_args=args).parallel.sequence_parallel == degree
 
     # what the Trainer's Accelerator reads from launch.sh (ParallelismConfig() with the env set)
@@ -219,7 +219,7 @@ def test_round_trip_dsgen_hf_trainer_bundle(
         },
     }
     path = _write(tmp_path, {**json.loads((out / "training_args.json").read_text()), "parallelism_config": block})
-    d = diagnose(config, spec, trainer_args=load_training_args(path))
+    d = diagnose(config, spec, trainer_args=read_training_args(path))
     assert d.parallel.sequence_parallel == degree == pc.sp_size
     assert pc.data_parallel_size == 8 // degree  # launch.sh states the data-parallel ranks
     assert "sequence-parallel-mismatch" not in {f.code for f in d.findings}

@@ -9,6 +9,7 @@ The output-path cases that need two processes or a kill are at the end.
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import signal
@@ -93,6 +94,19 @@ def hf_spec(config: str) -> Files:
 
 def sweep(name: str, extra: str = "") -> Files:
     return {"base.yaml": EXAMPLE, "sw.yaml": SWEEP.format(name=name.replace('"', '\\"')) + extra}
+
+
+DOCTOR_CONFIG = '{"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"}'
+LLAMAFACTORY = "stage: dpo\nfinetuning_type: lora\nlora_rank: 16\nlora_target: q_proj,v_proj\ncutoff_len: 1024\n"
+
+
+def run_files(name: str, content: str) -> Files:
+    """The spec, a DeepSpeed config for the doctor, and one of the run's own files."""
+    return {"s.yaml": spec(), "ds.json": DOCTOR_CONFIG, name: content}
+
+
+def doctor_args(option: str, name: str) -> list[str]:
+    return ["doctor", "ds.json", "--spec", "s.yaml", option, name]
 
 
 @dataclass(frozen=True)
@@ -418,6 +432,35 @@ CASES: dict[str, Case] = {
         "out already exists",
         setup=_symlink("out", "elsewhere"),
     ),
+    # -- the run's own files, read by the doctor (issue 48: each of these exited 70) ----------------
+    "doctor-llamafactory-stage-list": Case(
+        run_files("lf.yaml", LLAMAFACTORY.replace("stage: dpo", "stage: [sft]")),
+        doctor_args("--llamafactory", "lf.yaml"),
+        2,
+        "lf.yaml:1: stage: must be one of",
+    ),
+    "doctor-llamafactory-stage-mapping": Case(
+        run_files("lf.yaml", LLAMAFACTORY.replace("stage: dpo", "stage: {sft: 1}")),
+        doctor_args("--llamafactory", "lf.yaml"),
+        2,
+        "lf.yaml:1: stage: must be one of",
+    ),
+    "doctor-llamafactory-null-rank": Case(
+        run_files("lf.yaml", LLAMAFACTORY.replace("lora_rank: 16", "lora_rank: null")),
+        doctor_args("--llamafactory", "lf.yaml"),
+        2,
+        "lf.yaml:3: lora_rank: must be an integer",
+        forbid=("lora_rank: lora_rank",),
+    ),
+    **{
+        f"doctor-training-args-null-{key}": Case(
+            run_files("args.json", json.dumps({"learning_rate": 1e-05, key: None}, indent=2)),
+            doctor_args("--training-args", "args.json"),
+            2,
+            f"args.json:3: {key}: must be an integer",
+        )
+        for key in ("per_device_train_batch_size", "gradient_accumulation_steps", "per_device_eval_batch_size")
+    },
 }
 
 
@@ -435,7 +478,7 @@ def _materialise(files: Files, where: Path) -> None:
 def test_there_are_at_least_forty_named_hostile_inputs() -> None:
     assert len(CASES) >= 40
     areas = {name.split("-")[0] for name in CASES}
-    assert {"spec", "set", "validate", "sweep", "new"} <= areas
+    assert {"spec", "set", "validate", "sweep", "new", "doctor"} <= areas
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

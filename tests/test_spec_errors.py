@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -280,3 +281,129 @@ def test_absurdly_nested_hf_config_is_a_clear_error(tmp_path: Path, capsys) -> N
     assert result.exit_code == 2, result
     assert "config.json: invalid JSON: nested too deeply" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# The spec's sections and their keys, read from the schema the loader enforces (not from dsgen's code).
+SPEC_SCHEMA: dict[str, Any] = json.loads((Path(__file__).parents[1] / "schemas" / "spec.schema.json").read_text())
+SECTION_KEYS: dict[str, list[str]] = {
+    name: list(sub["properties"]) for name, sub in SPEC_SCHEMA["properties"].items() if "properties" in sub
+}
+
+
+def misspell(key: str) -> str:
+    """``key`` with two neighbouring, different letters swapped near its end (``sequence_lenght``)."""
+    for i in range(len(key) - 2, 0, -1):
+        if key[i] != key[i + 1] and "_" not in key[i : i + 2]:
+            return key[:i] + key[i + 1] + key[i] + key[i + 2 :]
+    raise AssertionError(f"cannot misspell {key!r}")
+
+
+def section_lines(text: str, section: str) -> tuple[int, int]:
+    """(index of ``section:``'s line, index one past its last indented line) in ``text``'s lines."""
+    lines = text.splitlines()
+    start = lines.index(f"{section}:")
+    end = start + 1
+    while end < len(lines) and lines[end].startswith("  "):
+        end += 1
+    return start, end
+
+
+def with_line(text: str, section: str | None, line: str) -> tuple[str, int]:
+    """``text`` with ``line`` added at the end of ``section`` (at the top level for None, and the
+    section started if ``text`` lacks it), and the 1-based line number it landed on."""
+    lines = text.splitlines()
+    if section is None:
+        lines.append(line)
+        return "\n".join(lines) + "\n", len(lines)
+    if f"{section}:" not in lines:
+        lines.append(f"{section}:")
+    _, end = section_lines("\n".join(lines), section)
+    lines.insert(end, f"  {line}")
+    return "\n".join(lines) + "\n", end + 1
+
+
+def present_line(text: str, section: str, key: str) -> int | None:
+    """The 0-based index of ``key``'s line inside ``section`` of ``text``, or None."""
+    start, end = section_lines(text, section) if f"\n{section}:" in "\n" + text else (0, 0)
+    lines = text.splitlines()
+    return next((i for i in range(start + 1, end) if lines[i].startswith(f"  {key}:")), None)
+
+
+MISSPELT = [(section, key) for section, keys in SECTION_KEYS.items() for key in keys]
+
+
+@pytest.mark.parametrize(("section", "key"), MISSPELT, ids=[f"{s}.{k}" for s, k in MISSPELT])
+def test_misspelt_key_names_the_key_it_meant(tmp_path: Path, capsys, section: str, key: str) -> None:
+    """Every key of every section, misspelt where it is written (or added misspelt): one message, at
+    the misspelt key's own line, naming the key it was meant to be. A misspelt required key
+    (``training.sequence_lenght``) is reported this way, not as the missing ``sequence_length``."""
+    typo = misspell(key)
+    at = present_line(GOOD, section, key)
+    if at is not None:
+        lines = GOOD.splitlines()
+        lines[at] = lines[at].replace(f"  {key}:", f"  {typo}:", 1)
+        text, line = "\n".join(lines) + "\n", at + 1
+    else:
+        text, line = with_line(GOOD, section, f"{typo}: 1")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(text)
+    result = run_cli(["solve", str(spec)], capsys)
+    assert result.exit_code == 2, result
+    message = result.stderr.replace(str(tmp_path) + "/", "")
+    expected = f"spec.yaml:{line}: {section}.{typo}: unknown key {typo!r} (did you mean {key!r}?)"
+    assert expected in message, message
+    assert message.count("error:") == 1 and "Traceback" not in message, message
+    assert "missing required key" not in message, message
+
+
+def test_the_issues_misspelt_required_key(tmp_path: Path, capsys) -> None:
+    """The exact case from the issue: ``sequence_lenght`` used to be 'missing required key'."""
+    assert "sequence_length" in SPEC_SCHEMA["properties"]["training"]["required"]
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(replace_line(GOOD, "sequence_length: 4096", "sequence_lenght: 4096"))
+    result = run_cli(["solve", str(spec)], capsys)
+    assert result.exit_code == 2, result
+    line = GOOD.splitlines().index("  sequence_length: 4096") + 1
+    assert f"spec.yaml:{line}: training.sequence_lenght: unknown key 'sequence_lenght'" in result.stderr
+    assert "did you mean 'sequence_length'?" in result.stderr
+
+
+MISPLACED = [
+    (home, key, wrong)
+    for home, keys in SECTION_KEYS.items()
+    for key in keys
+    for wrong in ("hardware" if home == "training" else "training", None)
+]
+
+
+@pytest.mark.parametrize(("home", "key", "wrong"), MISPLACED, ids=[f"{w or 'top'}.{k}->{h}" for h, k, w in MISPLACED])
+def test_key_in_the_wrong_section_points_to_its_home(
+    tmp_path: Path, capsys, home: str, key: str, wrong: str | None
+) -> None:
+    """Every key of every section, written in another section (or at the top level): one message,
+    at that line, naming the section the schema defines it in."""
+    text, line = with_line(GOOD, wrong, f"{key}: 1")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(text)
+    result = run_cli(["solve", str(spec)], capsys)
+    assert result.exit_code == 2, result
+    message = result.stderr.replace(str(tmp_path) + "/", "")
+    where = f"{wrong}.{key}" if wrong else key
+    assert f"spec.yaml:{line}: {where}: unknown key {key!r}" in message, message
+    assert f"{home}.{key}" in message.splitlines()[0], message
+    assert message.count("error:") == 1 and "Traceback" not in message, message
+
+
+def test_moved_required_key_is_not_reported_missing(tmp_path: Path, capsys) -> None:
+    """``gpus_per_node`` moved from hardware to training: the message is about where it went (the
+    cause), not about hardware lacking it (hardware's line comes first in the file)."""
+    lines = [ln for ln in GOOD.splitlines() if ln != "  gpu: h100-80gb"]
+    text, line = with_line("\n".join(lines) + "\n", "training", "gpu: h100-80gb")
+    assert "gpu" in SPEC_SCHEMA["properties"]["hardware"]["required"]
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(text)
+    result = run_cli(["solve", str(spec)], capsys)
+    assert result.exit_code == 2, result
+    message = result.stderr.replace(str(tmp_path) + "/", "")
+    assert f"spec.yaml:{line}: training.gpu: unknown key 'gpu'" in message, message
+    assert "hardware.gpu" in message and "missing required key" not in message, message

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from dsgen.validate import RULES, Report, validate_config
 from dsgen.validate.schema_findings import base_schema
+from tests.conftest import require_module
 
 MB = {"train_micro_batch_size_per_gpu": 2}
 ADAMW = {"type": "AdamW", "params": {"lr": 1e-4}}
@@ -688,3 +689,73 @@ def test_catalogue_documents_every_rule() -> None:
     documented = {rule_id: (severity, phases[phase]) for rule_id, severity, phase in rows}
     assert len(rows) == len(documented)
     assert documented == {r.rule_id: (r.severity, r.phase) for r in RULES.values()}
+
+
+def deepspeed_offloads_parameters_under_deepcompile(config: dict[str, Any]) -> bool:
+    """What DeepSpeed itself decides: its ``DeepSpeedEngine.get_deepcompile_backend`` run on the
+    ``DeepSpeedConfig`` it builds from ``config``, on a stand-in engine (the attributes that method
+    reads) with the ZeRO initialisers it hands off to replaced, then its
+    ``compile_config.offload_parameters`` read back."""
+    from unittest import mock
+
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    from tests.ds_oracle import parse_with_deepspeed
+
+    class Engine:
+        zero_optimization_stage = DeepSpeedEngine.zero_optimization_stage
+
+        def __init__(self) -> None:
+            self.config = config  # the dict deepspeed.initialize(config=...) hands the engine
+            self._config = parse_with_deepspeed(config, dp_size=1)
+
+    engine = Engine()
+    with (
+        mock.patch("deepspeed.compile.init_z1_and_2.init_z1_and_2", return_value="backend"),
+        mock.patch("deepspeed.compile.init_z3.init_z3", return_value="backend"),
+    ):
+        DeepSpeedEngine.get_deepcompile_backend(engine, "inductor", {}, None)  # type: ignore[arg-type]
+    return bool(engine._config.compile_config.offload_parameters)
+
+
+DEEPCOMPILE_OFFLOADS = [
+    (stage, param, optimizer)
+    for stage in (1, 2)
+    for param in ({"offload_param": {"device": "cpu"}}, {"offload_param": {"device": "nvme", "nvme_path": "/n"}})
+    for optimizer in (
+        {},
+        {"offload_optimizer": {"device": "none"}},
+        {"offload_optimizer": {"device": "cpu"}},
+        {"offload_optimizer": {"device": "nvme", "nvme_path": "/n"}},
+        {"cpu_offload": True},
+    )
+]
+
+
+@pytest.mark.parametrize(("stage", "param", "optimizer"), DEEPCOMPILE_OFFLOADS)
+def test_offload_param_below_stage3_under_deepcompile_follows_deepspeed(
+    stage: int, param: dict[str, Any], optimizer: dict[str, Any]
+) -> None:
+    """Under DeepCompile, offload_param below stage 3 is flagged unless DeepSpeed hands it to
+    DeepCompile (both offloads on the cpu): the expectation is DeepSpeed's own decision."""
+    require_module("deepspeed")
+    config = c(z(stage, **param, **optimizer), {"optimizer": ADAMW, "compile": {"deepcompile": True}})
+    taken = deepspeed_offloads_parameters_under_deepcompile(config)
+    flagged = "offload-param-below-stage3" in ids(validate_config(config))
+    assert flagged is not taken, (taken, config)
+
+
+def test_deepcompile_takes_only_the_cpu_pair() -> None:
+    """The cases above are not all one way: DeepSpeed takes exactly the cpu/cpu pair among them."""
+    require_module("deepspeed")
+    taken = [
+        (stage, param, optimizer)
+        for stage, param, optimizer in DEEPCOMPILE_OFFLOADS
+        if deepspeed_offloads_parameters_under_deepcompile(
+            c(z(stage, **param, **optimizer), {"optimizer": ADAMW, "compile": {"deepcompile": True}})
+        )
+    ]
+    assert [(s, p["offload_param"]["device"], o) for s, p, o in taken] == [
+        (1, "cpu", {"offload_optimizer": {"device": "cpu"}}),
+        (2, "cpu", {"offload_optimizer": {"device": "cpu"}}),
+    ]

@@ -13,15 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from dsgen.doctor.evaluation_batch import STRATEGIES, STRATEGY_NAMES
 from dsgen.doctor.keys import MISSING, get, is_auto, with_changes
-from dsgen.doctor.parallelism import check_parallelism_config
-from dsgen.doctor.sequence_length import LENGTH_KEYS
-from dsgen.errors import DsgenError
-from dsgen.inputs import read_json_object
 
 # TrainingArguments defaults for the fields the DeepSpeed integration reads
 # (transformers/training_args.py, the dataclass field defaults).
@@ -62,36 +56,6 @@ class Resolved:
     unresolved: tuple[str, ...]  # "auto" keys nothing could fill (left as they are)
     trainer_args: Mapping[str, Any]
     assumed_args: tuple[str, ...]  # Trainer arguments the doctor had to assume
-
-
-def load_training_args(path: str | Path) -> dict[str, Any]:
-    """Read Trainer arguments from JSON (``TrainingArguments`` field names, as in ``to_json_string``);
-    ``parallelism_config`` is an object of accelerate ``ParallelismConfig`` fields (dsgen.doctor.parallelism)."""
-    file = Path(path)
-    data = read_json_object(file, "training arguments (TrainingArguments fields)")
-    batches = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps")
-    for key in (*batches, "max_steps", "warmup_steps"):
-        value = data.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise DsgenError(f"{file}: {key} must be an integer, got {value!r}")
-    for key in batches:
-        if key in data and data[key] < 1:
-            raise DsgenError(f"{file}: {key} must be at least 1, got {data[key]}")
-    for key in STRATEGY_NAMES:
-        if key in data and data[key] not in STRATEGIES:
-            raise DsgenError(f"{file}: {key} must be one of {', '.join(map(repr, STRATEGIES))}, got {data[key]!r}")
-    for key in LENGTH_KEYS:
-        value = data.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise DsgenError(f"{file}: {key} must be a positive integer or null, got {value!r}")
-    if "packing" in data and not isinstance(data["packing"], bool):
-        raise DsgenError(f"{file}: packing must be true or false, got {data['packing']!r}")
-    if "optim" in data and not isinstance(data["optim"], str):
-        raise DsgenError(f"{file}: optim must be a string (a TrainingArguments optim name), got {data['optim']!r}")
-    if "do_eval" in data and not isinstance(data["do_eval"], bool):
-        raise DsgenError(f"{file}: do_eval must be true or false, got {data['do_eval']!r}")
-    check_parallelism_config(data.get("parallelism_config"), str(file))
-    return data
 
 
 def resolve(

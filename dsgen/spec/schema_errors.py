@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,9 @@ def describe(schema: dict[str, Any], root: dict[str, Any]) -> str:
         if hi_excl is not None:
             bounds.append(f"< {hi_excl}")
         return noun + (" " + " and ".join(bounds) if bounds else "")
+    items = schema.get("items")
+    if kind == "array" and isinstance(items, dict) and "pattern" in items:
+        return f"a list of strings matching {items['pattern']}"
     if isinstance(kind, str):
         return _TYPE_WORDS.get(kind, kind)
     if isinstance(kind, list):
@@ -125,9 +129,12 @@ def _explain(error: Any, validator: Any, source: SourceMap | None = None) -> tup
     if keyword == "additionalProperties":
         allowed = sorted(schema.get("properties", {}))
         key = _unknown_key(error, source)
-        close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
-        message = f"unknown key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
-        return (*path, key), message, "valid keys here: " + ", ".join(allowed)
+        elsewhere = sections_with_key(key, root)
+        if elsewhere:
+            homes = " or ".join(f"{section}.{key}" for section in elsewhere)
+            message = f"unknown key {key!r} here: it belongs in {' or '.join(elsewhere)} ({homes})"
+            return (*path, key), message, f"move it into the {elsewhere[0]} section"
+        return (*path, key), unknown_key_message(key, allowed), "valid keys here: " + ", ".join(allowed)
     if keyword == "required":
         missing = [k for k in schema.get("required", []) if k not in error.instance]
         return path, f"missing required key {missing[0]!r}", None
@@ -158,6 +165,26 @@ def _explain(error: Any, validator: Any, source: SourceMap | None = None) -> tup
     return path, f"must be {describe(schema, root)}, got {show(error.instance)}", None
 
 
+def unknown_key_message(key: str, allowed: list[str]) -> str:
+    """'unknown key ...', with the nearest allowed key when one is close: a misspelt required key
+    is reported this way, not as the missing key it was meant to be."""
+    close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+    return f"unknown key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+
+
+def sections_with_key(key: str, root: dict[str, Any]) -> list[str]:
+    """The top-level sections of the schema ``root`` that define ``key`` as a property, in schema
+    order: a key written in the wrong section (``training.zero_stage``) is pointed to its home
+    (``constraints``) rather than fuzzy-matched against the wrong section's keys."""
+    found = []
+    for section, sub in root.get("properties", {}).items():
+        if "$ref" in sub:
+            sub = _resolve(sub["$ref"], root)
+        if isinstance(sub, dict) and key in sub.get("properties", {}):
+            found.append(section)
+    return found
+
+
 def _unknown_preset(kind: str, name: str) -> tuple[str, str | None]:
     """The catalog's own message for a name its enum does not list (did-you-mean and the full list)."""
     from dsgen.catalog.presets import get_gpu, get_model
@@ -181,8 +208,23 @@ def _unknown_key(error: Any, source: SourceMap | None) -> str:
 
 
 def _pick(errors: list[Any], source: SourceMap | None) -> Any:
-    """The error to report: the first in the file; at one place an unknown key beats a missing
-    one (it is usually its misspelling). Deterministic across runs."""
+    """The error to report: the first in the file, except that an unknown key beats a missing one
+    in the same mapping wherever the two are written (``sequence_lenght`` is usually the missing
+    ``sequence_length``, and the mapping's own line, where a missing key is reported, comes first),
+    and beats the missing key it spells elsewhere (``training.gpus_per_node`` is the missing
+    ``hardware.gpus_per_node``). Deterministic across runs."""
+    unknown = [e for e in errors if e.validator == "additionalProperties"]
+    with_unknown = {tuple(e.absolute_path) for e in unknown}
+    misplaced = {k for e in unknown for k in e.instance if k not in e.schema.get("properties", {})}
+
+    def explained(e: Any) -> bool:
+        """A missing key that an unknown key (same mapping, or the same name elsewhere) accounts for."""
+        if e.validator != "required":
+            return False
+        missing = {k for k in e.schema.get("required", []) if k not in e.instance}
+        return tuple(e.absolute_path) in with_unknown or bool(missing & misplaced)
+
+    errors = [e for e in errors if not explained(e)] or errors
 
     def order(e: Any) -> tuple[int, str, bool]:
         path: KeyPath = tuple(e.absolute_path)
@@ -209,3 +251,31 @@ def check_against_schema(data: Any, schema_file: Path, source: SourceMap, *, wha
         location=source.location(path),
         hint=hint,
     )
+
+
+@cache
+def _subschema_gate(schema_file: Path, path: KeyPath) -> tuple[dict[str, Any], Gate]:
+    root = _schema(schema_file)
+    node: dict[str, Any] = root
+    for key in path:
+        node = node["properties"][key]
+        if "$ref" in node:
+            node = _resolve(node["$ref"], root)
+    return node, compile_gate({"$defs": root.get("$defs", {}), **node})
+
+
+def refusal(value: Any, schema_file: Path, path: KeyPath) -> str | None:
+    """Why the schema (and the spec loader's number bounds) would refuse ``value`` at key ``path``
+    ('must be a positive integer, got 0'), or None. For readers of a run's own files that turn a
+    field into a spec key: the refusal is then reported against the field in that file, not against
+    a ``--set`` override the user never wrote."""
+    from dsgen.spec.loader import LARGEST_NUMBER  # the loader imports this module
+
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number, got {show(value)}"
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) > LARGEST_NUMBER:
+        return f"must be at most 2**53 in magnitude, got {show(value)}"
+    schema, gate = _subschema_gate(schema_file, path)
+    if gate(value):
+        return None
+    return f"must be {describe(schema, _schema(schema_file))}, got {show(value)}"

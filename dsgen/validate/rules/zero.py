@@ -18,20 +18,49 @@ def _zenflow_set(ctx: Context) -> bool:
     return ctx.pydantic_value(ctx.zero.get("zenflow"), None, "/zero_optimization/zenflow") is not None
 
 
+def deepcompile_offloads_parameters(ctx: Context) -> bool:
+    """Whether DeepCompile takes the config's parameter offload: ``DeepSpeedEngine.get_deepcompile_backend``
+    (DeepSpeed 0.19.8 ``runtime/engine.py``) sets ``compile_config.offload_parameters`` only when
+    ``zero_optimization`` holds both an ``offload_optimizer`` and an ``offload_param`` block (the
+    legacy ``cpu_offload*`` flags do not count) and both devices are ``cpu``; at stage 0 it falls back
+    to the torch compiler first."""
+    return (
+        _deepcompile(ctx)
+        and ctx.stage in (1, 2)
+        and "offload_optimizer" in ctx.zero
+        and "offload_param" in ctx.zero
+        and ctx.offload_device("offload_param") == "cpu"
+        and ctx.offload_device("offload_optimizer") == "cpu"
+    )
+
+
 @rule(
     "offload-param-below-stage3",
     "warning",
     "lint",
-    "zero_optimization.offload_param with ZeRO stage 0-2.",
-    "Not checked: parameter offload is only implemented by ZeRO-3, so the block is silently ignored.",
+    "zero_optimization.offload_param with ZeRO stage 0-2, unless DeepCompile takes it (stage 1-2 with "
+    "offload_param and offload_optimizer both on the cpu).",
+    "Not checked: parameter offload is only implemented by ZeRO-3, so the block is silently ignored. Under "
+    "DeepCompile, DeepSpeedEngine.get_deepcompile_backend turns it into compile_config.offload_parameters only "
+    "when both offloads are on the cpu; otherwise it is ignored as well.",
 )
 def offload_param_below_stage3(ctx: Context) -> None:
     device = ctx.offload_device("offload_param")
     if ctx.stage is None or ctx.stage == 3 or device not in ("cpu", "nvme"):
         return
-    if _deepcompile(ctx) and ctx.stage >= 1:
-        return  # DeepCompile turns cpu/cpu offload into compile.offload_parameters
+    if deepcompile_offloads_parameters(ctx):
+        return
     key = "offload_param" if "offload_param" in ctx.zero else "cpu_offload_param"
+    if _deepcompile(ctx) and ctx.stage >= 1:
+        ctx.emit(
+            "offload-param-below-stage3",
+            ctx.pointer("zero_optimization", key),
+            f"parameter offload to {device} has no effect with ZeRO stage {ctx.stage} under DeepCompile: DeepSpeed "
+            "hands it to DeepCompile only when offload_param and offload_optimizer are both on the cpu",
+            "put offload_param and offload_optimizer both on the cpu, use zero_optimization.stage 3, "
+            "or remove offload_param",
+        )
+        return
     ctx.emit(
         "offload-param-below-stage3",
         ctx.pointer("zero_optimization", key),
