@@ -130,7 +130,10 @@ class Evaluation:
         """Why this plan does not fit or run, with numbers (empty when it does)."""
         problems = [self.kernel_limit] if self.kernel_limit is not None else []
         if not self.fits_gpu:
-            problems.append(f"needs {gib(self.memory.gpu.total)} per GPU, {gib(self.usable_gpu_bytes)} usable")
+            problems.append(
+                f"needs {gib(self.memory.gpu.total)} per GPU ({self.fit.fill:.0%} of GPU memory), "
+                f"over the {gib(self.usable_gpu_bytes)} limit"
+            )
             frozen = self.memory.gpu.frozen_parameters
             if frozen > self.usable_gpu_bytes / 2:
                 where = "whole on every GPU under ZeRO-0/1/2" if self.plan.zero_stage < 3 else "ZeRO-3's share"
@@ -140,7 +143,7 @@ class Evaluation:
         if not self.fits_cpu:
             problems.append(
                 f"needs {gib(self.memory.cpu.total)} host RAM per node {self.memory.cpu.peak_phase}, "
-                f"{gib(self.usable_cpu_bytes)} usable" + self.host_capacity_note
+                f"over the {gib(self.usable_cpu_bytes)} limit" + self.host_capacity_note
             )
         if self.gpu_runs_out_first:
             problems.append(

@@ -79,7 +79,7 @@ def host_lines(e: Evaluation) -> list[str]:
     fills the later two when something is offloaded."""
     cpu = e.memory.cpu
     save = cpu.checkpoint_save
-    lines = [f"host RAM per node  {gib(cpu.total)} of {gib(e.usable_cpu_bytes)} usable{e.host_capacity_note}"]
+    lines = [f"host RAM per node  {gib(cpu.total)} of the {gib(e.usable_cpu_bytes)} limit{e.host_capacity_note}"]
     copies = "the HF Trainer's 16-bit state dict" if save.state_dict > save.engine else "save_checkpoint's copies"
     lines.append(
         f"  phases: start-up {gib(cpu.startup)}, training {gib(cpu.training)}, "

@@ -1,9 +1,9 @@
 """Search precision x ZeRO stage x offload x checkpointing x micro-batch for the fastest plan that fits.
 
 The search is exhaustive over the (small) discrete space: every candidate is priced by the pure
-memory and step-time models, then ranked within the step-time model's measured error: plans
-predicted within ``STEP_TIME_TIE_BAND`` of each other are ties, and ties go to the simpler plan
-(:func:`rank_within_error`). It is deterministic: candidates are generated in a fixed order.
+memory and step-time models, then ranked by :func:`dsgen.ranking.rank_within_error` (no plan ahead
+of one faster and smaller; within the step-time model's measured error, room to spare, fewer moving
+parts, simplicity). It is deterministic: candidates are generated in a fixed order.
 """
 
 from __future__ import annotations

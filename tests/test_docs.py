@@ -55,6 +55,7 @@ NOT_RUN = {
 # Pages whose commands another test runs in order with more to check: not run twice.
 RUN_ELSEWHERE = {
     "docs/cli.md": "tests/test_cli_conventions.py runs its command block in order, then its Python block",
+    "README.md": "test_readme_runs_in_order_in_one_shell_after_its_set_up: a fresh copy, a real install",
 }
 
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
@@ -133,7 +134,7 @@ def test_the_pages_show_commands() -> None:
     readme = commands("README.md")
     shown = {c.argv[1] for c in readme if c.shown}
     assert {"solve", "new", "doctor", "frontier", "sweep"} <= shown, shown
-    assert any(c.argv[1:3] == ["solve", "spec.yaml"] and "--target" in c.argv for c in readme)
+    assert any(c.argv[1:3] == ["solve", "tour/spec.yaml"] and "--target" in c.argv for c in readme)
 
 
 def test_spec_keys_page_is_generated_from_the_schema() -> None:
@@ -231,7 +232,69 @@ def test_readme_is_a_front_door() -> None:
     assert len(blocks) == 2 and all(body.count("\n") == 1 for body in blocks), blocks
     install, test = (body.strip() for body in blocks)
     assert install == (
-        "python3 -m venv .venv && .venv/bin/pip install -q . && .venv/bin/dsgen new examples/llama-3.1-8b-8xh100.yaml"
+        "python3 -m venv .venv && . .venv/bin/activate && pip install -q . && dsgen new examples/llama-3.1-8b-8xh100.yaml"
     )
     ci = (REPO_ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     assert test in ci
+
+
+def _readme_install_command() -> str:
+    setup = (REPO_ROOT / "README.md").read_text(encoding="utf-8").split("\n## Set up\n", 1)[1]
+    return next(body for language, body in _FENCE.findall(setup) if language == "bash").strip()
+
+
+def _fresh_copy(destination: Path) -> None:
+    """What a fresh clone holds: the tracked files and those git does not ignore (a change not yet
+    committed is tested too), without the checkout's virtual environment or build outputs."""
+    import subprocess
+
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        source = REPO_ROOT / name
+        if source.is_file():
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination / name)
+
+
+@pytest.mark.slow
+def test_readme_runs_in_order_in_one_shell_after_its_set_up(tmp_path: Path) -> None:
+    """Issue 48: a newcomer runs the first set-up command in a fresh clone, then every command of
+    the README top to bottom in the same bash shell. Here: a fresh copy, the set-up command as
+    written (a new virtual environment, a real ``pip install .``), then each ``dsgen`` command of
+    the page in document order, with a ``PATH`` that has no dsgen on it until the set-up activates
+    its environment. Each must exit as its comment says and print the lines its transcript shows."""
+    import os
+    import subprocess
+
+    clone = tmp_path / "clone"
+    _fresh_copy(clone)
+    readme = commands("README.md")
+    script = ["set -u", _readme_install_command() + " > setup.out 2>&1 || exit 90"]
+    for index, command in enumerate(readme):
+        line = command.line.split("  #", 1)[0].strip()
+        script.append(f"{{ {line} ; }} > cmd{index}.out 2> cmd{index}.err; echo $? > cmd{index}.rc")
+    env = {key: value for key, value in os.environ.items() if key not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env["PATH"] = os.pathsep.join(
+        part for part in env.get("PATH", "").split(os.pathsep) if ".venv" not in part and not Path(part, "dsgen").exists()
+    )
+    ran = subprocess.run(["bash", "-c", "\n".join(script)], cwd=clone, env=env, capture_output=True, text=True)
+    assert ran.returncode == 0, ((clone / "setup.out").read_text()[-3000:], ran.stderr[-2000:])
+    for index, command in enumerate(readme):
+        out = (clone / f"cmd{index}.out").read_text()
+        err = (clone / f"cmd{index}.err").read_text()
+        code = int((clone / f"cmd{index}.rc").read_text())
+        assert code == command.exit_code, (command.line, out[-2000:], err[-2000:])
+        assert "Traceback" not in err, (command.line, err)
+        printed = out.splitlines()
+        for shown in command.shown:
+            if shown.endswith("..."):
+                assert any(p.startswith(shown[:-3]) for p in printed), (command.line, shown, out)
+            else:
+                assert shown in printed, (command.line, shown, out)
+    assert (clone / "ds_config.json").is_file()  # the set-up's own config, beside the tour's
+    assert (clone / "tour" / "ds_config.json").is_file() and (clone / "tour" / "hf" / "launch.sh").is_file()
