@@ -13,6 +13,10 @@ itself, so a test can prove a rendered config is accepted (or rejected) by the p
   CPU accelerator and runs real optimizer steps. This catches what only engine construction and
   training reveal (ZeRO stage x precision x optimizer x offload combinations).
 
+Every launch here (:func:`run_torchrun`, :func:`launch_script`) gives its ranks a fresh report
+directory (:mod:`tests.rank_reports`): what a test checks comes back through one file per rank,
+never parsed from the ranks' shared stdout, where lines from several processes interleave.
+
 This is a support module, not a test file; ``deepspeed`` and ``transformers`` are imported
 lazily so that collecting the test suite stays fast and works without them installed (tests
 guard themselves with ``conftest.require_module``).
@@ -26,7 +30,6 @@ import functools
 import json
 import math
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -38,12 +41,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from tests import rank_reports
+
 WORKER = Path(__file__).resolve().parent / "ds_train_worker.py"
 
-# Keep in sync with ds_train_worker.STEP_PREFIX / DONE_PREFIX (the worker is not importable
+# Keep in sync with ds_train_worker.STEP_REPORT / DONE_REPORT (the worker is not importable
 # here without importing torch, which would defeat the lazy imports).
-_STEP_RE = re.compile(r"DSGEN_STEP step=(\d+) loss=(\S+)")
-_DONE_RE = re.compile(r"DSGEN_DONE (.*)$", re.MULTILINE)
+STEP_REPORT = "step"
+DONE_REPORT = "done"
 
 # Loads (JIT-building on first use) DeepSpeed CPU ops by builder class name, as the worker would.
 _PREBUILD_PROGRAM = """
@@ -186,16 +191,15 @@ class TrainResult:
         return f"{head}\n--- torchrun log ---\n{self.log}"
 
 
-def _parse_losses(log: str) -> list[float]:
-    by_step = {int(m.group(1)): float(m.group(2)) for m in _STEP_RE.finditer(log)}
+def _losses(steps: list[dict[str, Any]]) -> list[float]:
+    """The mean loss of each optimizer step, in step order, from rank 0's step reports."""
+    by_step = {int(r["step"]): float(r["loss"]) for r in steps}
     return [by_step[k] for k in sorted(by_step)]
 
 
-def _parse_info(log: str) -> dict[str, str]:
-    match = _DONE_RE.search(log)
-    if not match:
-        return {}
-    return dict(item.split("=", 1) for item in match.group(1).split() if "=" in item)
+def _info(done: list[dict[str, Any]]) -> dict[str, str]:
+    """Rank 0's final report as strings (empty when the run ended before it)."""
+    return {key: str(value) for key, value in done[-1].items()} if done else {}
 
 
 def worker_env() -> dict[str, str]:
@@ -231,12 +235,12 @@ GLOO_ABORT = "terminate called without an active exception"
 def launch_script(bundle_dir: Path, script: Path, args: list[str], *, cwd: Path) -> tuple[int, str]:
     """Start a rendered bundle's own ``launch.sh`` with ``script`` as its training script (the
     bundle reads ``TRAIN_SCRIPT``) on this machine's CPU ranks: (exit status, log), the log also
-    written to ``cwd/launch.log``."""
+    written to ``cwd/launch.log``. The ranks' reports are then ``rank_reports.read(cwd, kind)``."""
     from tests.conftest import free_port
 
     prebuild_ops(["ShareMemCommBuilder", "FusedAdamBuilder"])
     env = worker_env()
-    env.update(TRAIN_SCRIPT=str(script), MASTER_PORT=str(free_port()))
+    env.update(TRAIN_SCRIPT=str(script), MASTER_PORT=str(free_port()), **rank_reports.prepare(cwd))
     proc = subprocess.run(
         [str(bundle_dir / "launch.sh"), *args],
         cwd=cwd,
@@ -316,14 +320,15 @@ def run_torchrun(args: list[str], *, ranks: int, cwd: Path, timeout: float) -> t
 
     Returns ``(return code, combined log, timed out, seconds)``; never raises for a failed run.
     torchrun gets its own session (process group), so a timeout kills it *and* every rank it
-    spawned; the log then ends with a line saying so.
+    spawned; the log then ends with a line saying so. The ranks' reports are then
+    ``rank_reports.read(cwd, kind)``.
     """
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", *args]
     start = time.monotonic()
     proc = subprocess.Popen(
         cmd,
         cwd=cwd,
-        env=worker_env(),
+        env={**worker_env(), **rank_reports.prepare(cwd)},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -386,9 +391,9 @@ def train_steps(
     (tmp_path / "train.log").write_text(log)
     return TrainResult(
         returncode=returncode,
-        losses=_parse_losses(log),
+        losses=_losses(rank_reports.read(tmp_path, STEP_REPORT)),
         log=log,
-        info=_parse_info(log),
+        info=_info(rank_reports.read(tmp_path, DONE_REPORT)),
         duration_s=duration,
         timed_out=timed_out,
         build_s=build_s,

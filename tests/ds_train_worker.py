@@ -10,10 +10,9 @@ The worker mirrors what HF Trainer does with a config (``zero.Init`` for ZeRO-3,
 built by DeepSpeed from the config's ``optimizer`` block, the model cast by DeepSpeed rather than
 by us) so that a config accepted here is accepted for the reason a user's run would accept it.
 
-Output protocol (rank 0 only, one line each, parsed by ``ds_oracle``)::
-
-    DSGEN_STEP step=<n> loss=<float>
-    DSGEN_DONE key=value key=value ...
+Output protocol (rank 0 only, through its own file, see :mod:`tests.rank_reports`; read by
+``ds_oracle``): one ``step`` record per optimizer step, ``{"step": <n>, "loss": <float>}``, and one
+``done`` record with what the engine ran (ZeRO stage, optimizer class, parameter dtype, ...).
 
 Exit status: 0 on success; 3 if a loss is not finite or the engine did not take the expected
 number of optimizer steps; 4 if the config asks for something the CPU accelerator cannot do
@@ -39,8 +38,8 @@ if TYPE_CHECKING:
 # machine with a GPU (a developer laptop) the oracle must still run the CPU code paths CI runs.
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-STEP_PREFIX = "DSGEN_STEP"
-DONE_PREFIX = "DSGEN_DONE"
+STEP_REPORT = "step"  # keep in sync with ds_oracle.STEP_REPORT / DONE_REPORT
+DONE_REPORT = "done"
 EXIT_BAD_TRAINING = 3
 EXIT_UNSUPPORTED = 4
 
@@ -170,6 +169,9 @@ def _train(args: argparse.Namespace, config: dict[str, Any], started: float, imp
     import torch
     from deepspeed import comm as dist
 
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: tests.* from the checkout
+    from tests import rank_reports
+
     rank = dist.get_rank()
     torch.manual_seed(args.seed)  # same initial weights on every rank, as with a loaded checkpoint
 
@@ -208,7 +210,7 @@ def _train(args: argparse.Namespace, config: dict[str, Any], started: float, imp
             losses.append(float(loss.detach().float()))
         mean = sum(losses) / len(losses)
         if rank == 0:
-            print(f"{STEP_PREFIX} step={step} loss={mean!r}", flush=True)
+            rank_reports.write(STEP_REPORT, rank, {"step": step, "loss": mean})
         if not all(math.isfinite(x) for x in losses):
             print(f"ds_train_worker: rank {rank} step {step}: non-finite loss {losses}", file=sys.stderr)
             return EXIT_BAD_TRAINING
@@ -242,7 +244,7 @@ def _train(args: argparse.Namespace, config: dict[str, Any], started: float, imp
             "init_s": f"{initialised - imported:.1f}",
             "train_s": f"{trained - initialised:.1f}",
         }
-        print(DONE_PREFIX + " " + " ".join(f"{k}={v}" for k, v in info.items()), flush=True)
+        rank_reports.write(DONE_REPORT, rank, info)
 
     dist.barrier()  # no rank tears down its process group while another still talks to it
     return 0

@@ -31,16 +31,15 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from tests import rank_reports
 from tests.ds_oracle import _ops_for, prebuild_ops, run_torchrun
 
 WORKER = Path(__file__).resolve().parent / "finetune_worker.py"
-RECORD_PREFIX = "DSGEN_FINETUNE"  # keep in sync with finetune_worker.RECORD_PREFIX
-_RECORD_RE = re.compile(rf"^{RECORD_PREFIX} (\{{.*\}})\s*$", re.MULTILINE)
+RECORD_KIND = "DSGEN_FINETUNE"  # keep in sync with finetune_worker.RECORD_KIND
 
 #: Keys every record carries (the harness test checks them).
 RECORD_KEYS = (
@@ -115,12 +114,6 @@ def ds_config_for(case: dict[str, Any], ranks: int) -> dict[str, Any]:
     return _merge(config, case.get("ds_config_overrides", {}))
 
 
-def parse_records(log: str) -> list[dict[str, Any]]:
-    """The per-rank records in a torchrun log, sorted by rank."""
-    records = [json.loads(m.group(1)) for m in _RECORD_RE.finditer(log)]
-    return sorted(records, key=lambda r: r["rank"])
-
-
 def measure_finetune(case: dict[str, Any], ranks: int = 2, timeout: float = 600) -> list[dict[str, Any]]:
     """Run ``case`` on ``ranks`` CPU ranks with real DeepSpeed; one measured record per rank.
 
@@ -138,7 +131,7 @@ def measure_finetune(case: dict[str, Any], ranks: int = 2, timeout: float = 600)
         returncode, log, timed_out, duration = run_torchrun(
             [str(WORKER), "--case", str(case_path)], ranks=ranks, cwd=Path(tmp), timeout=timeout
         )
-    records = parse_records(log)
+        records = rank_reports.read(Path(tmp), RECORD_KIND)  # one file per rank (tests/rank_reports.py)
     if returncode != 0 or timed_out or [r["rank"] for r in records] != list(range(ranks)):
         tail = (build_log + log)[-8000:]
         raise FinetuneRunError(

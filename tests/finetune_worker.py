@@ -17,10 +17,10 @@ checkpointing is ``gradient_checkpointing_enable()`` plus ``enable_input_require
 PEFT, as Trainer does; the DPO reference model is prepared before the policy engine, as
 ``DPOTrainer.__init__`` does before ``Trainer.train``.
 
-Per rank, after the optimizer steps, one line is printed (ranks in turn, so lines never
-interleave)::
+Per rank, after the optimizer steps, one record is written to the rank's own report file
+(:mod:`tests.rank_reports`, kind ``DSGEN_FINETUNE``; stdout lines from several ranks interleave)::
 
-    DSGEN_FINETUNE {"rank": 0, "world_size": 2, ...}
+    {"rank": 0, "world_size": 2, ...}
 
 Exit status: 0 on success; 3 if a loss is not finite or the engine did not take the expected
 number of optimizer steps; anything else is an uncaught exception.
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 # Before deepspeed is imported: the accelerator is chosen at import time.
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-RECORD_PREFIX = "DSGEN_FINETUNE"
+RECORD_KIND = "DSGEN_FINETUNE"
 EXIT_BAD_TRAINING = 3
 
 # Tiny models: every module kind a fine-tuning setup touches (embeddings, attention with GQA, MLP,
@@ -632,11 +632,11 @@ def _run(case: dict[str, Any], tmp: Path) -> int:
     timings["total_s"] = time.monotonic() - started
     record["timings"] = {k: round(v, 2) for k, v in timings.items()}
 
-    line = RECORD_PREFIX + " " + json.dumps(record, sort_keys=True)
-    for turn in range(world):  # ranks in turn: a long line from two ranks at once could interleave
-        if turn == rank:
-            print(line, flush=True)
-        dist.barrier()
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: tests.* from the checkout
+    from tests import rank_reports
+
+    rank_reports.write(RECORD_KIND, rank, record)
+    dist.barrier()
     return 0
 
 

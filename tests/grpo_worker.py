@@ -28,9 +28,10 @@ Per rank it records:
   saved, and after the step the model states as ``finetune_worker`` reports them (parameter census, ZeRO buffers, Adam
   states).
 
-One line per rank, ranks in turn::
+One record per rank, in the rank's own report file (:mod:`tests.rank_reports`, kind ``DSGEN_GRPO``;
+stdout lines from several ranks interleave)::
 
-    DSGEN_GRPO {"rank": 0, "world_size": 2, ...}
+    {"rank": 0, "world_size": 2, ...}
 
 Exit status: 0 on success; 3 if the step did not run as configured (no generation, no cache, a
 loss that is not finite, a step count other than one); anything else is an uncaught exception.
@@ -45,7 +46,6 @@ import gc
 import json
 import math
 import os
-import re
 import sys
 import tempfile
 import time
@@ -57,10 +57,9 @@ from typing import Any, cast
 # Before deepspeed is imported: the accelerator is chosen at import time.
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-RECORD_PREFIX = "DSGEN_GRPO"
+RECORD_KIND = "DSGEN_GRPO"
 EXIT_BAD_TRAINING = 3
 WORKER = Path(__file__).resolve()
-_RECORD_RE = re.compile(rf"^{RECORD_PREFIX} (\{{.*\}})\s*$", re.MULTILINE)
 
 DEFAULT_CASE: dict[str, Any] = {
     "model": "llama",
@@ -105,16 +104,11 @@ def ds_config_for(case: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def parse_records(log: str) -> list[dict[str, Any]]:
-    """The per-rank records in a torchrun log, sorted by rank."""
-    records = [json.loads(m.group(1)) for m in _RECORD_RE.finditer(log)]
-    return sorted(records, key=lambda r: r["rank"])
-
-
 def measure_grpo(case: dict[str, Any], ranks: int = 2, timeout: float = 600) -> list[dict[str, Any]]:
     """Run one GRPO step of ``case`` (missing keys from :data:`DEFAULT_CASE`) on ``ranks`` CPU ranks
     with real TRL and DeepSpeed; one measured record per rank. Raises :class:`GrpoRunError` with
     the log tail if torchrun fails, times out or not every rank reports."""
+    from tests import rank_reports
     from tests.ds_oracle import prebuild_ops, run_torchrun
 
     full_case = {**copy.deepcopy(DEFAULT_CASE), **case}
@@ -126,7 +120,7 @@ def measure_grpo(case: dict[str, Any], ranks: int = 2, timeout: float = 600) -> 
         returncode, log, timed_out, duration = run_torchrun(
             [str(WORKER), "--case", str(case_path)], ranks=ranks, cwd=Path(tmp), timeout=timeout
         )
-    records = parse_records(log)
+        records = rank_reports.read(Path(tmp), RECORD_KIND)  # one file per rank (tests/rank_reports.py)
     if returncode != 0 or timed_out or [r["rank"] for r in records] != list(range(ranks)):
         tail = (build_log + log)[-8000:]
         raise GrpoRunError(
@@ -603,11 +597,10 @@ def _run(case: dict[str, Any], tmp: Path) -> int:
     for problem in problems:
         print(f"grpo_worker: rank {rank}: {problem}", file=sys.stderr)
 
-    line = RECORD_PREFIX + " " + json.dumps(record, sort_keys=True)
-    for turn in range(world):  # ranks in turn: a long line from two ranks at once could interleave
-        if turn == rank:
-            print(line, flush=True)
-        trainer.accelerator.wait_for_everyone()
+    from tests import rank_reports
+
+    rank_reports.write(RECORD_KIND, rank, record)
+    trainer.accelerator.wait_for_everyone()
     trainer.accelerator.end_training()  # see tests/hf_trainer_script.py: tear gloo down while Python is whole
     return EXIT_BAD_TRAINING if problems else 0
 

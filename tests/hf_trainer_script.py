@@ -4,9 +4,10 @@
 from ``training_args.json`` exactly as docs/targets.md tells users to, and adds only what a CPU test
 machine needs (``use_cpu``, the gloo backend) and what a real script owns (output directory,
 step budget, logging). The model is a tiny Llama built from a local config: nothing is
-downloaded. Rank 0 prints ``DSGEN_TRAINER global_step=<n> world_size=<n> zero_stage=<n>
-train_batch_size=<n>`` at the end so the test can check what really ran. It ends the way every
-distributed script must: by destroying its process group before the interpreter exits.
+downloaded. At the end rank 0 writes a ``DSGEN_TRAINER`` record (global_step, world_size, zero_stage,
+train_batch_size, micro, accumulation) to its own report file (:mod:`tests.rank_reports`) so the
+test can check what really ran. It ends the way every distributed script must: by destroying its
+process group before the interpreter exits.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -32,6 +34,9 @@ def main() -> int:
 
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: tests.* from the checkout
+    from tests import rank_reports
 
     kwargs = json.loads(Path("training_args.json").read_text())  # the bundle's file, by name
     kwargs.update(
@@ -62,12 +67,15 @@ def main() -> int:
         probe.write(cli.probe_save / f"rank{args.process_index}.json")
     engine = trainer.model_wrapped
     if args.process_index == 0:
-        print(
-            f"DSGEN_TRAINER global_step={trainer.state.global_step} world_size={args.world_size} "
-            f"zero_stage={engine.zero_optimization_stage()} train_batch_size={engine.train_batch_size()} "
-            f"micro={engine.train_micro_batch_size_per_gpu()} accumulation={engine.gradient_accumulation_steps()}",
-            flush=True,
-        )
+        record = {
+            "global_step": trainer.state.global_step,
+            "world_size": args.world_size,
+            "zero_stage": engine.zero_optimization_stage(),
+            "train_batch_size": engine.train_batch_size(),
+            "micro": engine.train_micro_batch_size_per_gpu(),
+            "accumulation": engine.gradient_accumulation_steps(),
+        }
+        rank_reports.write("DSGEN_TRAINER", args.process_index, record)
     # The Trainer never tears down the process group it started. Left alive, gloo's worker threads
     # still hold work objects (with tensors) when the interpreter finalizes; freeing those then
     # needs the GIL of an interpreter that is going away, and the rank dies with "terminate called

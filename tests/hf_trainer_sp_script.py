@@ -6,8 +6,9 @@ the ``PARALLELISM_CONFIG_*`` variables ``launch.sh`` exports, from which the Tra
 builds its ``ParallelismConfig`` and so registers ``UlyssesSPAttentionHF``, wraps the data loader
 and reduces the loss over the SP group. The script adds what the notes say it must: sdpa
 attention and ``position_ids`` in every batch; on this CPU test machine also the
-``deepspeed.comm`` start that Accelerate makes only on GPUs. CPU only (gloo). Rank 0 prints ``DSGEN_SP
-global_step=<n> sp=<n> losses=<a,b>`` at the end.
+``deepspeed.comm`` start that Accelerate makes only on GPUs. CPU only (gloo). At the end rank 0
+writes a ``DSGEN_SP`` record (global_step, sp, finite, losses) to its own report file
+(:mod:`tests.rank_reports`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -54,6 +56,9 @@ def main() -> int:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: tests.* from the checkout
+    from tests import rank_reports
+
     kwargs = json.loads(Path("training_args.json").read_text())
     kwargs.update(
         output_dir=str(cli.output_dir),
@@ -86,12 +91,13 @@ def main() -> int:
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     pc = trainer.accelerator.parallelism_config
     if args.process_index == 0:
-        finite = all(math.isfinite(x) for x in losses)
-        print(
-            f"DSGEN_SP global_step={trainer.state.global_step} sp={pc.sp_size if pc else 1} "
-            f"finite={finite} losses={','.join(f'{x:.4f}' for x in losses)}",
-            flush=True,
-        )
+        record = {
+            "global_step": trainer.state.global_step,
+            "sp": pc.sp_size if pc else 1,
+            "finite": all(math.isfinite(x) for x in losses),
+            "losses": losses,
+        }
+        rank_reports.write("DSGEN_SP", args.process_index, record)
     # end the way every distributed script must (docs/targets.md, "How your script ends")
     trainer.accelerator.wait_for_everyone()
     trainer.accelerator.end_training()

@@ -4,13 +4,15 @@ It builds ``<TRL config>(**training_args.json, **trl_config.json)`` before the m
 would build it under zero.Init), wraps a tiny Llama with ``LoraConfig(**peft_config.json)`` when
 the bundle has one, and trains ``--max-steps`` optimizer steps with the objective's TRL trainer on
 made-up token data (a word-level tokenizer over the model's vocabulary: nothing is downloaded).
-Rank 0 prints ``DSGEN_TRL key=value ...`` with what the engine ran.
+Rank 0 writes a ``DSGEN_TRL`` record with what the engine ran to its own report file
+(:mod:`tests.rank_reports`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 TRAINERS = {"sft": ("SFTConfig", "SFTTrainer"), "dpo": ("DPOConfig", "DPOTrainer")}
@@ -39,6 +41,9 @@ def main() -> int:
     import trl
     from datasets import Dataset
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: tests.* from the checkout
+    from tests import rank_reports
 
     config_class, trainer_class = (getattr(trl, name) for name in TRAINERS[cli.objective])
     kwargs = json.loads(Path("training_args.json").read_text())  # the bundle's files, by name
@@ -83,13 +88,16 @@ def main() -> int:
     engine = trainer.model_wrapped
     if args.process_index == 0:
         trained = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
-        print(
-            f"DSGEN_TRL global_step={trainer.state.global_step} world_size={args.world_size} "
-            f"zero_stage={engine.zero_optimization_stage()} train_batch_size={engine.train_batch_size()} "
-            f"micro={engine.train_micro_batch_size_per_gpu()} accumulation={engine.gradient_accumulation_steps()} "
-            f"trained={trained}",
-            flush=True,
-        )
+        record = {
+            "global_step": trainer.state.global_step,
+            "world_size": args.world_size,
+            "zero_stage": engine.zero_optimization_stage(),
+            "train_batch_size": engine.train_batch_size(),
+            "micro": engine.train_micro_batch_size_per_gpu(),
+            "accumulation": engine.gradient_accumulation_steps(),
+            "trained": trained,
+        }
+        rank_reports.write("DSGEN_TRL", args.process_index, record)
     trainer.accelerator.wait_for_everyone()  # see hf_trainer_script.py: tear the group down while Python is whole
     trainer.accelerator.end_training()
     return 0

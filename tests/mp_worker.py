@@ -39,9 +39,10 @@ none) and, on that error only, initializes a freshly loaded model with the patch
 With ``"probe_batch_world_dp": true`` (AutoTP only) the worker first calls ``deepspeed.initialize`` with
 ``train_batch_size`` written over world // TP ranks and records what it raised (``batch_world_dp_error``).
 
-Per rank, after the optimizer steps, one line is printed (ranks in turn)::
+Per rank, after the optimizer steps, one record is written to the rank's own report file
+(:mod:`tests.rank_reports`, kind ``DSGEN_MP``)::
 
-    DSGEN_MP {"rank": 0, "world_size": 2, ...}
+    {"rank": 0, "world_size": 2, ...}
 
 Exit status: 0 on success; 3 if a loss is not finite, the engine did not take the expected number of
 steps, or the parallel groups are not what the data layout assumed; anything else is an uncaught
@@ -67,7 +68,7 @@ if TYPE_CHECKING:
 # Before deepspeed is imported: the accelerator is chosen at import time.
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-RECORD_PREFIX = "DSGEN_MP"
+RECORD_KIND = "DSGEN_MP"
 EXIT_BAD_TRAINING = 3
 WORKER = Path(__file__).resolve()
 
@@ -462,6 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     case: dict[str, Any] = json.loads(args.case.read_text())
     sys.path.insert(0, str(WORKER.parent))  # torchrun runs this file as a script: finetune_worker is beside it
+    sys.path.insert(0, str(WORKER.parent.parent))  # and tests.rank_reports in the checkout
 
     import deepspeed
     from deepspeed import comm as dist
@@ -521,7 +523,7 @@ def _run(case: dict[str, Any], tmp: Path) -> int:
 
     # -- the model DeepSpeed trains, loaded the way a Trainer script loads it --
     t0 = time.monotonic()
-    hf_ds_config = HfDeepSpeedConfig(ds_config)  # alive until the record is printed, as TrainingArguments keeps it
+    hf_ds_config = HfDeepSpeedConfig(ds_config)  # alive until the record is written, as TrainingArguments keeps it
     model, load_info = _load_like_trainer(case, reference, tmp, ds_config)
     record.update(load_info)
     timings["load_s"] = time.monotonic() - t0
@@ -596,11 +598,10 @@ def _run(case: dict[str, Any], tmp: Path) -> int:
     record["timings"] = {k: round(v, 2) for k, v in timings.items()}
     del hf_ds_config
 
-    line = RECORD_PREFIX + " " + json.dumps(record, sort_keys=True)
-    for turn in range(world):  # ranks in turn: a long line from two ranks at once could interleave
-        if turn == rank:
-            print(line, flush=True)
-        dist.barrier()
+    from tests import rank_reports
+
+    rank_reports.write(RECORD_KIND, rank, record)  # its own file: stdout lines from several ranks interleave
+    dist.barrier()
     return 0
 
 

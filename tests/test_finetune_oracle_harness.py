@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import require_module
-from tests.finetune_oracle import RECORD_KEYS, ds_config_for, measure_finetune, parse_records
+from tests.finetune_oracle import RECORD_KEYS, ds_config_for, measure_finetune
 
 RANKS = 2
 LORA_ZERO2 = {
@@ -26,11 +26,6 @@ LORA_ZERO2 = {
     "seq_len": 32,
     "steps": 2,
 }
-
-
-def test_parse_records_sorts_by_rank_and_ignores_other_lines() -> None:
-    log = 'noise\nDSGEN_FINETUNE {"rank": 1}\n[rank0]: warning\nDSGEN_FINETUNE {"rank": 0}\n'
-    assert [r["rank"] for r in parse_records(log)] == [0, 1]
 
 
 def test_ds_config_for_batch_triple_and_overrides() -> None:

@@ -422,6 +422,9 @@ import torch
 from deepspeed import comm as dist
 from transformers import LlamaConfig, LlamaForCausalLM
 
+sys.path.insert(0, sys.argv[2])  # the checkout, for tests.rank_reports
+from tests import rank_reports
+
 SEQ = 16
 
 
@@ -460,7 +463,7 @@ def run(case, rank):
     except Exception as exc:
         record.update(ok=False, error=f"{type(exc).__name__}: {exc}")
     gc.collect()
-    print("DSGEN_MP " + json.dumps(record), flush=True)
+    rank_reports.write("DSGEN_MP", rank, record)  # its own file: stdout lines from two ranks interleave
 
 
 def main():
@@ -476,13 +479,13 @@ def main():
 
 main()
 '''
-_RECORD = re.compile(r"^DSGEN_MP (\{.*\})\s*$", re.M)
 
 
 def _run_cases(cases: list[dict[str, Any]], tmp_path: Path, timeout: float = 540) -> dict[str, list[dict[str, Any]]]:
     """Run ``cases`` in one 2-rank torchrun; each case's records (one per rank) by name."""
     require_module("deepspeed")
     require_module("transformers")
+    from tests import rank_reports
     from tests.ds_oracle import _ops_for, prebuild_ops, run_torchrun
 
     for case in cases:
@@ -491,10 +494,10 @@ def _run_cases(cases: list[dict[str, Any]], tmp_path: Path, timeout: float = 540
     worker.write_text(_WORKER)
     cases_path = tmp_path / "cases.json"
     cases_path.write_text(json.dumps(cases))
-    _, log, timed_out, _ = run_torchrun([str(worker), str(cases_path)], ranks=2, cwd=tmp_path, timeout=timeout)
+    command = [str(worker), str(cases_path), str(REPO_ROOT)]
+    _, log, timed_out, _ = run_torchrun(command, ranks=2, cwd=tmp_path, timeout=timeout)
     records: dict[str, list[dict[str, Any]]] = {}
-    for match in _RECORD.finditer(log):
-        record = json.loads(match.group(1))
+    for record in rank_reports.read(tmp_path, "DSGEN_MP"):  # one file per rank
         records.setdefault(record["name"], []).append(record)
     assert not timed_out and all(len(records.get(c["name"], [])) == 2 for c in cases), log[-6000:]
     return records

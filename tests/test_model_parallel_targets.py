@@ -19,16 +19,17 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dsgen.api import load_spec, render_bundle, solve_spec
+from tests import rank_reports
 from tests.conftest import EXAMPLES_DIR, REPO_ROOT, require_module
 
 TINY_LLAMA = EXAMPLES_DIR / "tiny-llama" / "config.json"
+TP_REPORT = "tp"  # what each rank of the AutoTP launch reports (tests/rank_reports.py)
 
 DENSE_SPEC = """\
 model: {{hf_config: {config}}}
@@ -309,9 +310,10 @@ def trainer_main(argv: list[str]) -> int:
     script; see :func:`_script`). It builds ``TrainingArguments(**training_args.json)`` and, on this
     CPU test machine, Accelerate's state first: without a GPU, ``PartialState`` would leave DeepSpeed
     off and one process, and the TP-aware DataLoader would divide that by the TP degree (the
-    reference's cpu_only_hosts). Each rank prints ``DSGEN_TP key=value ...``: the process groups
-    DeepSpeed built, the local q_proj rows, what the engine counts as train_batch_size, the losses
-    and one number per micro-batch it was given."""
+    reference's cpu_only_hosts). Each rank writes a ``tp`` record to its own file
+    (:mod:`tests.rank_reports`; lines on the shared stdout interleave under load): the process
+    groups DeepSpeed built, the local q_proj rows, what the engine counts as train_batch_size, the
+    losses and one number per micro-batch it was given."""
     import argparse
 
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -364,14 +366,20 @@ def trainer_main(argv: list[str]) -> int:
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     if cli.save:
         trainer.save_model(str(cli.output_dir / "model"))
-    print(
-        f"DSGEN_TP rank={args.process_index} global_step={trainer.state.global_step} world={args.world_size} "
-        f"tp={groups.get_tensor_model_parallel_world_size()} dp={groups.get_data_parallel_world_size()} "
-        f"zero_stage={engine.zero_optimization_stage()} train_batch_size={engine.train_batch_size()} "
-        f"trainer_tp={trainer.get_tp_size()} q_rows={q_rows} losses={','.join(f'{x:.4f}' for x in losses)} "
-        f"seen={','.join(map(str, seen))}",
-        flush=True,
-    )
+    record = {
+        "rank": args.process_index,
+        "global_step": trainer.state.global_step,
+        "world": args.world_size,
+        "tp": groups.get_tensor_model_parallel_world_size(),
+        "dp": groups.get_data_parallel_world_size(),
+        "zero_stage": engine.zero_optimization_stage(),
+        "train_batch_size": engine.train_batch_size(),
+        "trainer_tp": trainer.get_tp_size(),
+        "q_rows": q_rows,
+        "losses": losses,
+        "seen": seen,
+    }
+    rank_reports.write(TP_REPORT, args.process_index, record)
     trainer.accelerator.wait_for_everyone()  # end the way every distributed script must (docs/targets.md)
     trainer.accelerator.end_training()
     return 0
@@ -415,17 +423,17 @@ def test_hf_trainer_tp2_bundle_trains_two_steps(tmp_path: Path, ranks: int) -> N
     args = ["--model-config", str(TINY_LLAMA), "--max-steps", "2", "--output-dir", str(out)]
     args += ["--save"] if ranks == 2 else []
     log = ds_oracle.run_launch_script(dest, _script(tmp_path), args, cwd=tmp_path)
-    records = [dict(item.split("=", 1) for item in m.group(1).split()) for m in re.finditer(r"DSGEN_TP (.*)", log)]
-    assert len(records) == ranks, log[-6000:]
-    by_rank = {int(r["rank"]): r for r in records}
+    records = rank_reports.read(tmp_path, TP_REPORT)  # one file per rank: nothing to interleave with
+    assert [r["rank"] for r in records] == list(range(ranks)), (records, log[-6000:])
+    by_rank = {r["rank"]: r for r in records}
     model = json.loads(TINY_LLAMA.read_text())
     for rank, info in by_rank.items():
-        assert info["global_step"] == "2" and info["world"] == str(ranks), info
-        assert (info["tp"], info["dp"], info["trainer_tp"], info["zero_stage"]) == ("2", str(ranks // 2), "2", "1")
-        assert int(info["q_rows"]) == model["hidden_size"] // 2  # q_proj sharded by columns over the TP group
+        assert info["global_step"] == 2 and info["world"] == ranks, info
+        assert (info["tp"], info["dp"], info["trainer_tp"], info["zero_stage"]) == (2, ranks // 2, 2, 1)
+        assert info["q_rows"] == model["hidden_size"] // 2  # q_proj sharded by columns over the TP group
         # DeepSpeed counts every rank: TP 2 x the spec's global batch (ranks samples per step)
-        assert int(info["train_batch_size"]) == 2 * ranks
-        losses = [float(x) for x in info["losses"].split(",")]
+        assert info["train_batch_size"] == 2 * ranks
+        losses = info["losses"]
         assert len(losses) == 2 and all(0 < x < 20 for x in losses), info
         assert info["seen"] == by_rank[rank - rank % 2]["seen"], "TP peers were given different batches"
     if ranks == 4:

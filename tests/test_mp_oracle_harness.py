@@ -26,7 +26,7 @@ import pytest
 
 from tests.mp_cases import CASES, EP, EP_CASES, TP, TP_CASES, TP_ZERO3_CASES
 from tests.mp_cases import measured as _measured
-from tests.mp_oracle import DEFAULT_CASE, RECORD_KEYS, ds_config_for, parse_records
+from tests.mp_oracle import DEFAULT_CASE, RECORD_KEYS, ds_config_for
 
 AUTOEP_ERROR = (
     "TypeError: _CanRecordRegistry.get() takes 2 positional arguments but 3 were given "
@@ -51,11 +51,6 @@ def _fp32(name: str) -> bool:
 
 
 # ---- quick: the oracle's plumbing ------------------------------------------------------------------
-
-
-def test_parse_records_sorts_by_rank_and_ignores_other_lines() -> None:
-    log = 'noise\nDSGEN_MP {"rank": 1}\n[rank0]: warning\nDSGEN_MP {"rank": 0}\nDSGEN_FINETUNE {"rank": 2}\n'
-    assert [r["rank"] for r in parse_records(log)] == [0, 1]
 
 
 def test_ds_config_for_writes_the_parallel_blocks_and_the_batch_both_ways() -> None:

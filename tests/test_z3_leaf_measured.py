@@ -33,10 +33,11 @@ from typing import Any
 
 import pytest
 
+from tests import rank_reports
 from tests.ds_oracle import prebuild_ops, run_torchrun
 from tests.z3_leaf_worker import (
     REAL_MIXTRAL,
-    RECORD_PREFIX,
+    RECORD_KIND,
     TINY_MIXTRAL,
     WORKER,
     scaled_zero_knobs,
@@ -84,11 +85,7 @@ def measured(name: str) -> tuple[dict[str, Any], ...]:
         returncode, log, timed_out, duration = run_torchrun(
             [str(WORKER), "--case", str(case_path)], ranks=RANKS, cwd=Path(tmp), timeout=900
         )
-    prefix = RECORD_PREFIX + " "
-    records = sorted(
-        (json.loads(line[len(prefix) :]) for line in log.splitlines() if line.startswith(prefix)),
-        key=lambda r: r["rank"],
-    )
+        records = rank_reports.read(Path(tmp), RECORD_KIND)  # one file per rank, by rank
     assert returncode == 0 and not timed_out and [r["rank"] for r in records] == list(range(RANKS)), (
         f"returncode={returncode} timed_out={timed_out} duration={duration:.0f}s build={build_s:.0f}s\n"
         f"{(build_log + log)[-8000:]}"

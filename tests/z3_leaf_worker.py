@@ -36,9 +36,10 @@ The peaks are kept per micro-step and per phase (fwd, bwd, step), each with its 
 also keeps every hook event with the counts after it. Each micro-step is recorded separately: DeepSpeed records the module trace on the first forward
 and backward, and prefetches (and applies the reuse distance) only from the second on.
 
-Per rank one line is printed, ranks in turn::
+Per rank one record, in the rank's own report file (:mod:`tests.rank_reports`, kind ``DSGEN_Z3LEAF``;
+stdout lines from several ranks interleave)::
 
-    DSGEN_Z3LEAF {"rank": 0, ...}
+    {"rank": 0, ...}
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from typing import Any
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-RECORD_PREFIX = "DSGEN_Z3LEAF"
+RECORD_KIND = "DSGEN_Z3LEAF"
 WORKER = Path(__file__).resolve()
 
 #: The published run: Mixtral-8x7B (transformers >= 5.6 layout: fused 3-D expert tensors) cut to 8 layers.
@@ -677,11 +678,11 @@ def _run(case: dict[str, Any]) -> int:
     record["micro_steps"] = micros
     record["losses"] = losses
     record["global_steps"] = engine.global_steps
-    line = RECORD_PREFIX + " " + json.dumps(record, sort_keys=True)
-    for turn in range(world):
-        if turn == rank:
-            print(line, flush=True)
-        dist.barrier()
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: tests.* from the checkout
+    from tests import rank_reports
+
+    rank_reports.write(RECORD_KIND, rank, record)
+    dist.barrier()
     return 0
 
 
