@@ -5,7 +5,8 @@ before backward and its ``save_model`` gathers a 16-bit state dict on the host
 (:class:`dsgen.spec.types.Output`), so ``solve --target hf-trainer`` can choose another plan than
 ``solve`` does for a bare DeepSpeed loop. When it does, the user should see which priced term made
 the difference: the other target's plan is priced under this target, and the term that grew most
-where that plan fails (GPU memory, host RAM, or, when it still fits, step time) is named.
+where that plan fails (GPU memory, host RAM), or that moved the chosen plan across the ranking's
+room line (GPU memory), or else the step-time term, is named.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from typing import Any
 
 from dsgen.evaluation import Evaluation, evaluate
 from dsgen.plan import Plan, plan_dict
+from dsgen.ranking import has_room
 from dsgen.solver import SolveResult
 from dsgen.spec.types import Spec
 from dsgen.units import gib
+from dsgen.verdict import ROOM_LINE
 
 
 @dataclass(frozen=True)
@@ -25,8 +28,8 @@ class TargetDifference:
     """Which priced term makes ``target`` run another plan than ``baseline_target``.
 
     ``plan`` is the plan the term is read on: the baseline's plan when it fails under ``target``,
-    else the chosen plan when it fails under the baseline target, else the baseline's plan, which
-    then still fits but ranks behind. ``where`` is ``gpu``, ``host`` or ``step_time``; ``baseline``
+    else the chosen plan when it fails under the baseline target or has room to spare under one
+    target only, else the baseline's plan, which then still fits but ranks behind. ``where`` is ``gpu``, ``host`` or ``step_time``; ``baseline``
     and ``chosen`` are the term's value for ``plan`` under each target (bytes, or seconds)."""
 
     target: str
@@ -112,11 +115,18 @@ def target_difference(baseline: SolveResult, chosen: SolveResult) -> TargetDiffe
         if where is not None:  # the chosen plan fits only this target
             plan, under_old, under_new = new_plan, new_under_old, chosen.best
             reason = f"under {names[0]} it {new_under_old.reason()}"
+        elif has_room(new_under_old) != has_room(chosen.best):  # the chosen plan has room under one target only
+            plan, under_old, under_new, where = new_plan, new_under_old, chosen.best, "gpu"
+            reason = (
+                f"both plans fit either target; this one is at {chosen.best.fit.fill:.0%} of GPU memory under "
+                f"{names[1]}, {new_under_old.fit.fill:.0%} under {names[0]}, and the ranking prefers a plan "
+                f"with room to spare (at or below {ROOM_LINE:.0%}) within the step-time model's error"
+            )
         else:  # both fit both: the ranking differs
             plan, under_old, under_new, where = old_plan, baseline.best, old_under_new, "step_time"
             reason = (
-                f"both plans fit either target; under {names[1]} the ranking (step time, ties to the "
-                "simpler plan) puts this one first"
+                f"both plans fit either target; under {names[1]} the ranking (dsgen.ranking: no plan ahead of "
+                "one faster and smaller, then room to spare, fewer moving parts, simplicity) puts this one first"
             )
     old_terms, new_terms = _terms(under_old, where), _terms(under_new, where)
     term = max(new_terms, key=lambda k: abs(new_terms[k] - old_terms.get(k, 0.0)))

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from dsgen.api import load_spec
-from dsgen.doctor.method_files import read_training_args
 from dsgen.doctor.diagnose import diagnose
+from dsgen.doctor.method_files import read_training_args
 from dsgen.errors import DsgenError
 from tests.cli_helpers import run_cli
 from tests.conftest import EXAMPLES_DIR, require_module

@@ -146,13 +146,30 @@ def test_num_generations_must_divide_the_batch_as_trl_requires() -> None:
 
 def test_sweeps_vary_the_method_rank_and_objective(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A sweep over the method: full training of Llama-3.1-70B does not fit 8 x A100 80 GB, LoRA
-    does, and QLoRA holds less per GPU than LoRA; the rank varies like any other key."""
+    does, and QLoRA holds less per GPU than LoRA on the same plan; the rank varies like any other key."""
+    import yaml
+
     from tests.cli_helpers import sweep_rows
 
     base = EXAMPLES_DIR / "lora-llama-3.1-70b-8xa100.yaml"
     made = sweep_rows(tmp_path, capsys, base, "training.finetuning", "[full, lora, qlora]")
     rows = {row["vars"]["training.finetuning"]: row for row in made}
     assert rows["full"]["status"] == "infeasible" and rows["lora"]["status"] == rows["qlora"]["status"] == "ok"
+    # Each method's own choice may spend the memory it saves (QLoRA's 4-bit base fits without ZeRO-3, a
+    # simpler plan within the step-time band), so the 4-bit weights are compared on one pinned plan.
+    pinned = yaml.safe_load(base.read_text())
+    pinned["constraints"] = {
+        "zero_stage": 3,
+        "micro_batch_size": 2,
+        "activation_checkpointing": True,
+        "offload_optimizer": "none",
+    }
+    same = tmp_path / "same-plan"
+    same.mkdir()
+    (same / "base.yaml").write_text(yaml.safe_dump(pinned))
+    made = sweep_rows(same, capsys, same / "base.yaml", "training.finetuning", "[lora, qlora]")
+    rows = {row["vars"]["training.finetuning"]: row for row in made}
+    assert rows["lora"]["status"] == rows["qlora"]["status"] == "ok"
     assert rows["qlora"]["gpu_memory_bytes"] < rows["lora"]["gpu_memory_bytes"]
     (tmp_path / "ranks").mkdir()
     ranks = sweep_rows(tmp_path / "ranks", capsys, base, "training.lora.rank", "[8, 128]")

@@ -2,8 +2,9 @@
 
 The layouts it may propose are DeepSpeed's (dsgen.model_parallel, each rule checked against DeepSpeed
 in tests/test_model_parallel_rules.py) within what dsgen prices (dsgen.model_parallel_choices); the
-choice between them is the step-time model's, ranked within its measured error like every other
-dimension (a tie goes to the simpler plan, here the one without model parallelism).
+choice between them is the ranking rule's like every other dimension (docs/how-dsgen-chooses.md): never
+a plan slower and larger than another, and within the step-time model's measured error room to spare
+below the safe line first, then fewer moving parts (model parallelism is one), then the simpler plan.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dsgen.api import load_spec, solve_spec
 from dsgen.errors import DsgenError
 from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
 from dsgen.solver import SolveResult
+from dsgen.verdict import ROOM_LINE, SAFE_LINE
 from tests.cli_helpers import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,17 +53,45 @@ def test_an_moe_model_on_one_node_gets_autoep_when_it_beats_zero3_beyond_the_ban
     assert "none" in labels
 
 
-def test_a_dense_8b_model_on_one_node_keeps_plain_zero_when_autotp_is_no_faster_beyond_the_band(
+def test_a_dense_8b_model_on_one_node_takes_autotp_2_when_only_model_parallelism_leaves_room_within_the_band(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """The flagship example (Llama-3.1-8B, 8 x H100, 4,096 tokens). The fastest plan, plain ZeRO, is
+    predicted above the room line, close to the safe line, and so is every plain (TP 1) plan within the
+    step-time band of it; the plans in the band with room to spare all use AutoTP. Room goes before
+    moving parts, so an AutoTP plan is chosen: the one with no offload (fewer moving parts), the smallest
+    TP degree and the lowest ZeRO stage among them (the simpler plan)."""
     example = str(EXAMPLES / "llama-3.1-8b-8xh100.yaml")
     result = solve_spec(load_spec(example))
-    assert result.best is not None and result.best.plan.tensor_parallel_size == 1
-    with_tp = _fastest(result, lambda p: p.tensor_parallel_size > 1)
-    assert with_tp * (1 + STEP_TIME_TIE_BAND) >= result.best.step.total_s
+    best = result.best
+    assert best is not None
+    fastest = min(result.ranked, key=lambda e: e.step.total_s)
+    band = [e for e in result.ranked if e.step.total_s <= fastest.step.total_s * (1 + STEP_TIME_TIE_BAND)]
+    assert fastest.plan.tensor_parallel_size == 1 and ROOM_LINE < fastest.fit.fill <= SAFE_LINE
+    assert all(e.fit.fill > ROOM_LINE for e in band if e.plan.tensor_parallel_size == 1)
+    room = [e for e in band if e.fit.fill <= ROOM_LINE]
+    assert room and all(e.plan.tensor_parallel_size > 1 for e in room)
+    assert best in room
+    plain = [e for e in room if e.plan.offload_optimizer == e.plan.offload_param == "none"]
+    smallest = min(e.plan.tensor_parallel_size for e in plain)
+    lowest = min(e.plan.zero_stage for e in plain if e.plan.tensor_parallel_size == smallest)
+    assert best.plan.offload_optimizer == best.plan.offload_param == "none"
+    assert (best.plan.tensor_parallel_size, best.plan.zero_stage) == (smallest, lowest) == (2, 1)
+    # never a plan slower and larger (GPU and host peak) than another feasible plan
+    assert not any(
+        e.step.total_s <= best.step.total_s
+        and e.memory.gpu.total <= best.memory.gpu.total
+        and e.memory.cpu.total <= best.memory.cpu.total
+        and (e.step.total_s, e.memory.gpu.total, e.memory.cpu.total)
+        != (best.step.total_s, best.memory.gpu.total, best.memory.cpu.total)
+        for e in result.ranked
+    )
     body = json.loads(run_cli(["solve", example, "--json"], capsys).stdout)
-    assert (body["plan"]["tensor_parallel_size"], body["plan"]["expert_parallel_size"]) == (1, 1)
-    assert {a["layout"] for a in body["model_parallel_alternatives"]} >= {"AutoTP 2", "AutoTP 4", "AutoTP 8"}
+    assert (body["plan"]["tensor_parallel_size"], body["plan"]["expert_parallel_size"]) == (2, 1)
+    assert "room to spare" in body["decided_by"]
+    layouts = {a["layout"]: a for a in body["model_parallel_alternatives"]}
+    assert set(layouts) >= {"none", "AutoTP 4", "AutoTP 8"}
+    assert layouts["none"]["step_time_s"] == pytest.approx(fastest.step.total_s, abs=1e-6)  # the faster plain plan
 
 
 def test_a_pinned_tp_degree_splits_the_batch_over_world_over_tp(tmp_path: Path) -> None:

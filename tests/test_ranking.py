@@ -16,12 +16,11 @@ from dsgen.api import load_spec, solve_spec
 from dsgen.estimate.throughput import STEP_TIME_TIE_BAND, StepTime
 from dsgen.evaluation import Evaluation, evaluate
 from dsgen.knob_variants import default_knobs
-from dsgen.plan import Plan
-from dsgen.plan import LongContext, ModelParallel
+from dsgen.plan import LongContext, ModelParallel, Plan
 from dsgen.ranking import decided_by, dominates, moving_parts, rank_within_error, undominated
+from dsgen.spec.loader import load_spec_text
 from dsgen.units import GIB
 from dsgen.verdict import ROOM_LINE, SAFE_LINE
-from dsgen.spec.loader import load_spec_text
 from tests.conftest import EXAMPLES_DIR
 
 SPEC = """

@@ -164,7 +164,8 @@ def test_render_works_without_a_home_directory(
     try:
         assert render._bytecode_cache() is None
         out = tmp_path / "ds.json"
-        result = run_cli(["new", str(EXAMPLE), "-o", str(out)], capsys)
+        # AutoTP pinned off: its subject is the plain ZeRO config, whose train_batch_size is the spec's batch
+        result = run_cli(["new", str(EXAMPLE), "-o", str(out), "--set", "constraints.tensor_parallel_size=1"], capsys)
         assert result.exit_code == 0, result.stderr
         assert json.loads(out.read_text())["train_batch_size"] == 256
     finally:

@@ -17,7 +17,8 @@ from tests.conftest import EXAMPLES_DIR, require_module
 
 
 def _launch_header(target: str) -> str:
-    spec = load_spec(EXAMPLES_DIR / "llama-3.1-8b-8xh100.yaml")
+    # AutoTP pinned off: its subject is the plain bundle's launch script (Lightning refuses AutoTP by name)
+    spec = load_spec(EXAMPLES_DIR / "llama-3.1-8b-8xh100.yaml", ["constraints.tensor_parallel_size=1"])
     plan = solve_spec(spec).best.plan  # type: ignore[union-attr]
     launcher = {"deepspeed": "torchrun"}.get(target)
     return render_bundle(spec, plan, target, launcher).files["launch.sh"].split("set -euo pipefail")[0]

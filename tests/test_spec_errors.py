@@ -230,7 +230,8 @@ def test_whole_number_floats_are_integers(tmp_path: Path, capsys) -> None:
     """JSON Schema counts 2.0 as an integer; the solver must then get the int 2, not crash on it."""
     spec = tmp_path / "spec.yaml"
     spec.write_text(replace_line(GOOD, "nodes: 1", "nodes: 2.0"))
-    result = run_cli(["solve", str(spec), "--json"], capsys)
+    # AutoTP pinned off: then every one of the 2 x 8 GPUs is a data-parallel rank
+    result = run_cli(["solve", str(spec), "--json", "--set", "constraints.tensor_parallel_size=1"], capsys)
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["plan"]["data_parallel_size"] == 16
 

@@ -64,7 +64,9 @@ def test_grid_times_zip_expansion(tmp_path: Path) -> None:
 
 def test_writes_runs_and_manifests(tmp_path: Path, capsys) -> None:
     out = tmp_path / "runs"
-    result = run_cli(["sweep", str(write(tmp_path)), "-o", str(out)], capsys)
+    # AutoTP pinned off: its subject is the plain ZeRO configs, whose train_batch_size is the run's batch
+    base = BASE + "constraints: {tensor_parallel_size: 1}\n"
+    result = run_cli(["sweep", str(write(tmp_path, base=base)), "-o", str(out)], capsys)
     assert result.exit_code == 0, result.stderr
     assert "sweep: 8 runs, 8 feasible, 0 infeasible" in result.stdout
     rows = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]

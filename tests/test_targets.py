@@ -144,7 +144,8 @@ def _write(bundle: Bundle, tmp_path: Path) -> Path:
 def test_file_names_are_the_output_contract(
     target: str, launcher: str | None, nodes: int, files: list[str], tmp_path: Path
 ) -> None:
-    spec = load_spec(EXAMPLES_DIR / "llama-3.1-8b-8xh100.yaml", [f"hardware.nodes={nodes}"])
+    # solved for the target, as dsgen new --target solves it: Lightning is never handed AutoTP
+    spec = spec_for_target(load_spec(EXAMPLES_DIR / "llama-3.1-8b-8xh100.yaml", [f"hardware.nodes={nodes}"]), target)
     plan = solve_spec(spec).best.plan  # type: ignore[union-attr]
     bundle = render_bundle(spec, plan, target, launcher)
     assert list(bundle.files) == files
@@ -355,10 +356,12 @@ def test_emitted_json_passes_validate_for_its_target(
         assert sorted(f.pointer for f in plain.findings if f.rule_id == "auto-value") == sorted(_autos(config))
 
 
-def test_validate_cli_accepts_lightning(tmp_path: Path, capsys: Any, plans: dict[str, tuple[Spec, Plan]]) -> None:
+def test_validate_cli_accepts_lightning(
+    tmp_path: Path, capsys: Any, target_plans: Callable[[str, str], tuple[Spec, Plan]]
+) -> None:
     from tests.cli_helpers import run_cli
 
-    spec, plan = plans["8b-1x8xh100"]
+    spec, plan = target_plans("8b-1x8xh100", "lightning")  # solved for Lightning: no AutoTP (its refusal)
     dest = _write(render_bundle(spec, plan, "lightning"), tmp_path)
     result = run_cli(["validate", str(dest / "ds_config.json"), "--target", "lightning", "--world-size", "8"], capsys)
     assert result.exit_code == 0, result.stdout + result.stderr
@@ -497,7 +500,7 @@ def test_hf_trainer_bundle_trains_two_steps_through_its_launch_script(tmp_path: 
     """The hf-trainer files, started by their own launch.sh (torchrun, c10d) on 2 CPU ranks."""
     require_module("transformers")
     require_module("accelerate")
-    from tests import ds_oracle
+    from tests import ds_oracle, rank_reports
 
     config = EXAMPLES_DIR / "tiny-llama" / "config.json"
     spec_file = tmp_path / "spec.yaml"
@@ -516,16 +519,15 @@ def test_hf_trainer_bundle_trains_two_steps_through_its_launch_script(tmp_path: 
     script_args = ["--model-config", str(config), "--max-steps", "2", "--output-dir", str(tmp_path / "out")]
     script = Path(__file__).resolve().parent / "hf_trainer_script.py"
     log = ds_oracle.run_launch_script(dest, script, script_args, cwd=tmp_path)
-    match = re.search(r"DSGEN_TRAINER (.*)", log)
-    assert match, log[-6000:]
-    info = dict(item.split("=", 1) for item in match.group(1).split())
-    assert info == {
-        "global_step": "2",
-        "world_size": "2",
-        "zero_stage": "2",
-        "train_batch_size": "8",
-        "micro": "2",
-        "accumulation": "2",
+    reports = rank_reports.read(tmp_path, "DSGEN_TRAINER")  # rank 0's, from its own file
+    assert len(reports) == 1, log[-6000:]
+    assert reports[0] == {
+        "global_step": 2,
+        "world_size": 2,
+        "zero_stage": 2,
+        "train_batch_size": 8,
+        "micro": 2,
+        "accumulation": 2,
     }
 
 
