@@ -171,3 +171,33 @@ def test_every_example_chooses_an_undominated_plan() -> None:
         result = solve_spec(load_spec(path))
         assert result.best is not None, path
         assert not any(dominates(e, result.best) for e in result.ranked), path
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES_DIR.glob("*.yaml")))
+def test_solve_top_and_explain_show_the_same_plans_numbers_and_order(
+    example: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 48: the ``--top`` table lists the JSON's ranked plans in its order, with its numbers;
+    explain names the same plan, the same rule's reason and the same alternatives."""
+    spec = str(EXAMPLES_DIR / example)
+    body = json.loads(run_cli(["solve", spec, "--json", "--top", "10"], capsys).stdout)
+    table = run_cli(["solve", spec, "--top", "10"], capsys).stdout
+    explained = run_cli(["explain", spec], capsys).stdout
+    if not body["feasible"]:
+        assert "(no feasible plan)" in table
+        return
+    assert body["ranked"][0]["plan"] == body["plan"]
+    lines = table.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:2] == ["#", "stage"]) + 1
+    rows = lines[start : start + len(body["ranked"])]
+    assert [f"{r['step_time_s']:.3f}" for r in body["ranked"]] == [
+        next(cell for cell in row.split() if cell.count(".") == 1 and len(cell.split(".")[1]) == 3) for row in rows
+    ]
+    assert f"#1: {body['decided_by']}" in table and f"why this plan: {body['decided_by']}" in explained
+    for alt in body["alternatives"]:
+        line = next(line for line in explained.splitlines() if line.startswith(f"  ZeRO-{alt['zero_stage']}: "))
+        assert line == f"  ZeRO-{alt['zero_stage']}: {alt['reason']}"
+    for alt in body["model_parallel_alternatives"]:
+        assert f"  {alt['layout']}: {alt['reason']}; " in explained
+    for alt in body["offload_alternatives"]:
+        assert f"  {alt['offload']}: {alt['reason']}" in explained

@@ -410,3 +410,22 @@ def test_explain_page_states_memory_as_one_percentage(
     fill = page.page.locator("#gpu-fill")
     assert fill.locator('[data-json="fill"]').count() == 1
     assert f"{_expected_text(body['fill'], 'percent')} of GPU memory" in fill.inner_text()
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
+def test_every_examples_page_shows_the_plans_and_numbers_solve_gives(
+    browser: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], example: str
+) -> None:
+    """Issue 48: solve, explain and the page tell one story. Every number the page shows equals
+    ``solve --json``'s, the chosen plan and each alternative (ZeRO stage, layout, offload) in the
+    JSON's order, and the rule's reason."""
+    html, body = _explain(tmp_path, capsys, example)
+    page = Page(browser, html)
+    assert page.errors == []
+    assert _check_numbers(page, body) >= 20
+    shown = [item["path"] for item in page.numbers()]
+    for name in ("alternatives", "model_parallel_alternatives", "offload_alternatives"):
+        rows = [path for path in shown if path.startswith(f"{name}.") and path.endswith(".feasible")]
+        assert rows == [f"{name}.{index}.feasible" for index in range(len(body[name]))], name
+    if body["decided_by"]:
+        assert page.page.locator('[data-json="decided_by"]').inner_text() == body["decided_by"]
