@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from dsgen.units import FP32, HALF
 from dsgen.vocabulary import Checkpointing, OffloadDevice, Precision
+
+
+def _fields_hash(value: Any) -> int:
+    """The hash of a frozen dataclass's fields, computed once and kept on the instance (not a
+    field: equality, ``replace`` and ``asdict`` are unaffected). The plan's parts are keys of the
+    pricing's memoised terms (dsgen.estimate), asked for every candidate the solver prices."""
+    cached: int | None = value._hash
+    if cached is None:
+        cached = hash(tuple(getattr(value, f.name) for f in fields(value)))
+        object.__setattr__(value, "_hash", cached)
+    return cached
+
+
+def _fields_state(value: Any) -> dict[str, Any]:
+    """Pickle the fields only: a cached hash of strings differs between processes."""
+    return {f.name: getattr(value, f.name) for f in fields(value)}
 
 
 @dataclass(frozen=True)  # one per knob variant and ZeRO++ setting the solver prices
@@ -32,6 +48,14 @@ class ZeroKnobs:
     # ZeRO-3 ``stage3_gather_16bit_weights_on_model_save``: dsgen renders true (the HF Trainer and
     # Accelerate then save a loadable 16-bit model); DeepSpeed's default, false, in the doctor
     gather_16bit_weights_on_model_save: bool = True
+
+    _hash = None  # cache of __hash__ (_fields_hash), not a field
+
+    def __hash__(self) -> int:
+        return _fields_hash(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return _fields_state(self)
 
     @property
     def zeropp(self) -> str:
@@ -61,6 +85,14 @@ class LongContext:
     tiled_loss: bool = False
     checkpoint_offload: bool = False
     communication_dtype: Precision = "fp32"
+
+    _hash = None  # cache of __hash__ (_fields_hash), not a field
+
+    def __hash__(self) -> int:
+        return _fields_hash(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return _fields_state(self)
 
     @property
     def communication_bytes(self) -> int:
@@ -95,6 +127,14 @@ class ModelParallel:
 
     tensor_parallel_size: int = 1
     expert_parallel_size: int = 1
+
+    _hash = None  # cache of __hash__ (_fields_hash), not a field
+
+    def __hash__(self) -> int:
+        return _fields_hash(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return _fields_state(self)
 
     @property
     def active(self) -> bool:

@@ -11,23 +11,25 @@ term here reads that record. docs/memory-model.md documents every term and its s
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.deepspeed_release import release_key
 from dsgen.estimate.checkpoint_save import NO_SAVE_COPIES, CheckpointSave, checkpoint_save
+from dsgen.estimate.memo import memo_tables
 from dsgen.estimate.method_activations import method_activation_delta
 from dsgen.estimate.model_states import ModelStates, model_states
 from dsgen.estimate.objectives import GENERATION_OBJECTIVES, objective_memory, sequences_per_sample
 from dsgen.estimate.optimizers import step_temporary_bytes
 from dsgen.estimate.sequence_parallel import long_context_memory
 from dsgen.estimate.sharding import rank_shape
-from dsgen.estimate.trainable import largest_dequantized, parameter_split
+from dsgen.estimate.trainable import ParameterSplit, largest_dequantized, parameter_split
 from dsgen.estimate.zero3_moe import backward_held_elements
 from dsgen.estimate.zero12_offload import offload_write_back_copy, zero12_pinned_rounding, zero12_staging_bytes
-from dsgen.plan import Plan
+from dsgen.plan import ModelParallel, Plan, ZeroKnobs
 from dsgen.spec.types import Hardware, Optimizer, Training
 from dsgen.units import FP32, GIB
-from dsgen.vocabulary import ACCOUNTINGS, Accounting, StepPhase
+from dsgen.vocabulary import ACCOUNTINGS, Accounting, Checkpointing, Precision, StepPhase
 
 # Fixed allowances (see docs/memory-model.md, "Overheads").
 CUDA_CONTEXT_BYTES = int(0.75 * GIB)  # CUDA context, kernels and cuBLAS workspace (torch 2.x)
@@ -432,22 +434,15 @@ def estimate_memory(
     ``estimate_zero2/3_model_states_mem_needs``; activations, buffers and overheads, which that
     estimator ignores, stay dsgen's.
     """
+    if accounting not in ACCOUNTINGS:
+        raise ValueError(f"unknown accounting {accounting!r}; expected one of {ACCOUNTINGS}")
     process = process_host_bytes(hardware)
     finetuning = training.finetuning
-    split = parameter_split(shape, finetuning)
-    states = model_states(shape, plan, training.optimizer.type, split)
-    if accounting == "dsgen":
-        startup = startup_host_bytes(states, plan, hardware, training.deepspeed_version)
-        offloaded = offloaded_host_bytes(states, plan, hardware, training.deepspeed_version)
-    elif accounting == "deepspeed-estimator":
-        states, offloaded = estimator_model_states(shape, plan, hardware, states)
-        startup = process
-    else:
-        raise ValueError(f"unknown accounting {accounting!r}; expected one of {ACCOUNTINGS}")
+    layout = _layout_terms(shape, plan, hardware, training, accounting, trainer_saves_model)
+    states = layout.states
     # what one rank runs: under AutoTP its heads and MLP width, under AutoEP its experts
     # (dsgen.estimate.sharding); the model as a whole otherwise
     local = rank_shape(shape, plan)
-    zero_buffers = buffer_bytes(local, plan)
     # activations, the loss or rebuilt-layer transient, and whatever Ulysses SP, tiling and
     # checkpoint offload change (a plan without them is the one-GPU, untiled case); a paired
     # objective runs both sequences of each sample in one micro-batch
@@ -455,15 +450,17 @@ def estimate_memory(
     forward_plan = plan if sequences == 1 else replace(plan, micro_batch_size=sequences * plan.micro_batch_size)
     long = long_context_memory(local, forward_plan, training, logits_released)
     acts = long.activations.total + method_activation_delta(local, forward_plan, training, finetuning, long.activations)
-    transient = max(long.transient, plan.dtype_bytes * largest_dequantized(split))
+    transient = max(long.transient, layout.dequantized)
     checkpoints = hardware.gpus_per_node * long.host_per_rank
-    save = checkpoint_save(shape, states, plan, hardware.gpus_per_node, trainer_saves_model)
-    host_total = max(startup, process + offloaded + max(checkpoints, save.peak))
+    host_total = max(layout.startup, process + layout.offloaded + max(checkpoints, layout.save.peak))
+    zero_buffers = _zero_buffer_bytes(
+        local, plan.precision, plan.zero_stage, plan.checkpointing, plan.knobs, plan.expert_parallel_size
+    )
     buffers = zero_buffers + long.buffers
     dynamic = acts + buffers + transient
     fixed = CUDA_CONTEXT_BYTES + COMM_LIBRARY_BYTES
     trained_states = states.parameters + states.gpu_optimizer_states + states.step_gradients
-    extra = objective_memory(shape, plan, finetuning, split, trained_states, hardware.gpu.memory_bytes)
+    extra = objective_memory(shape, plan, finetuning, layout.split, trained_states, hardware.gpu.memory_bytes)
     first_layer_forward = 0
     if long.layer_forward:
         first_layer_forward = (
@@ -485,8 +482,8 @@ def estimate_memory(
         backward_gradients=states.backward_gradients,
         step_gradients=states.step_gradients,
         step_overhead=fixed,
-        step_buffers=step_buffer_bytes(shape, plan),
-        step_temporary=optimizer_step_temporary(states, plan, training.optimizer, training.deepspeed_version),
+        step_buffers=layout.step_buffers,
+        step_temporary=layout.step_temporary,
         first_layer_forward=first_layer_forward,
         frozen_parameters=states.frozen_on_gpu,
         reference_model=extra.reference,
@@ -499,13 +496,133 @@ def estimate_memory(
     cpu = HostMemory(
         total=host_total,
         capacity=hardware.cpu_memory_bytes,
-        offloaded_states=offloaded,
+        offloaded_states=layout.offloaded,
         process=process,
         checkpoints=checkpoints,
         capacity_assumed=hardware.cpu_memory_assumed,
-        checkpoint_save=save,
-        startup=startup,
+        checkpoint_save=layout.save,
+        startup=layout.startup,
     )
+    return MemoryEstimate(gpu=gpu, cpu=cpu, nvme=layout.nvme, model_states=states)
+
+
+@lru_cache(maxsize=4096)
+def _zero_buffer_bytes(
+    local: ModelShape,
+    precision: Precision,
+    zero_stage: int,
+    checkpointing: Checkpointing,
+    knobs: ZeroKnobs,
+    expert_parallel_size: int,
+) -> int:
+    """:func:`buffer_bytes` of the rank's model ``local``, memoised on the plan fields it reads (the
+    checkpointing mode and AutoEP only through ZeRO-3's MoE term, dsgen.estimate.zero3_moe); the
+    plan priced has the others at their simplest."""
+    plan = Plan(
+        precision=precision,
+        zero_stage=zero_stage,
+        offload_optimizer="none",
+        offload_param="none",
+        checkpointing=checkpointing,
+        micro_batch_size=1,
+        gradient_accumulation_steps=1,
+        data_parallel_size=expert_parallel_size,
+        knobs=knobs,
+        model_parallel=ModelParallel(expert_parallel_size=expert_parallel_size),
+    )
+    return buffer_bytes(local, plan)
+
+
+@dataclass(frozen=True)  # one per ZeRO layout of a spec (memoised)
+class _LayoutTerms:
+    """The terms of :func:`estimate_memory` that a plan's ZeRO layout decides, whatever its
+    checkpointing, micro-batch, accumulation steps (beyond whether there are several) and
+    long-context choices."""
+
+    split: ParameterSplit  # what trains
+    states: ModelStates  # in the accounting asked for
+    startup: int  # host bytes per node before the offloaded states exist
+    offloaded: int  # the offloaded model states in host RAM per node
+    save: CheckpointSave
+    step_buffers: int
+    step_temporary: int
+    dequantized: int  # a 4-bit layer's dequantized 16-bit weight, the transient floor
+    nvme: NvmeMemory
+
+
+#: The ``_LayoutTerms`` of each spec (the identities of its shape, hardware and training), by layout.
+_layout_tables = memo_tables(maxsize=16)
+
+
+def _layout_terms(
+    shape: ModelShape,
+    plan: Plan,
+    hardware: Hardware,
+    training: Training,
+    accounting: Accounting,
+    trainer_saves_model: bool,
+) -> _LayoutTerms:
+    """The layout terms of ``plan``, memoised per spec on the plan fields they read: the solver
+    prices every micro-batch, accumulation and long-context variant of a layout, and they share
+    these. The plan priced leaves the fields outside the key at their simplest."""
+    table = _layout_tables(shape, hardware, training)
+    key = (
+        accounting,
+        trainer_saves_model,
+        plan.precision,
+        plan.zero_stage,
+        plan.offload_optimizer,
+        plan.offload_param,
+        plan.offload_ratio,
+        plan.knobs,
+        plan.model_parallel,
+        plan.data_parallel_size,
+        plan.gradient_accumulation_steps > 1,
+    )
+    terms = table.get(key)
+    if terms is None:
+        layout = Plan(
+            precision=plan.precision,
+            zero_stage=plan.zero_stage,
+            offload_optimizer=plan.offload_optimizer,
+            offload_param=plan.offload_param,
+            checkpointing="none",
+            micro_batch_size=1,
+            gradient_accumulation_steps=2 if plan.gradient_accumulation_steps > 1 else 1,
+            data_parallel_size=plan.data_parallel_size,
+            knobs=plan.knobs,
+            offload_ratio=plan.offload_ratio,
+            model_parallel=plan.model_parallel,
+        )
+        terms = table[key] = _price_layout(shape, layout, hardware, training, accounting, trainer_saves_model)
+    return terms
+
+
+def _price_layout(
+    shape: ModelShape,
+    plan: Plan,
+    hardware: Hardware,
+    training: Training,
+    accounting: Accounting,
+    trainer_saves_model: bool,
+) -> _LayoutTerms:
+    split = parameter_split(shape, training.finetuning)
+    states = model_states(shape, plan, training.optimizer.type, split)
+    if accounting == "dsgen":
+        startup = startup_host_bytes(states, plan, hardware, training.deepspeed_version)
+        offloaded = offloaded_host_bytes(states, plan, hardware, training.deepspeed_version)
+    else:  # deepspeed-estimator
+        states, offloaded = estimator_model_states(shape, plan, hardware, states)
+        startup = process_host_bytes(hardware)
     nvme_capacity = hardware.nvme.capacity_bytes if hardware.nvme else 0
-    nvme = NvmeMemory(total=nvme_bytes(states, hardware), capacity=nvme_capacity)
-    return MemoryEstimate(gpu=gpu, cpu=cpu, nvme=nvme, model_states=states)
+    return _LayoutTerms(
+        split=split,
+        states=states,
+        startup=startup,
+        offloaded=offloaded,
+        save=checkpoint_save(shape, states, plan, hardware.gpus_per_node, trainer_saves_model),
+        step_buffers=step_buffer_bytes(shape, plan),
+        step_temporary=optimizer_step_temporary(states, plan, training.optimizer, training.deepspeed_version),
+        dequantized=plan.dtype_bytes * largest_dequantized(split),
+        nvme=NvmeMemory(total=nvme_bytes(states, hardware), capacity=nvme_capacity),
+    )

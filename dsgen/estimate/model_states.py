@@ -56,8 +56,9 @@ from dsgen.estimate.parameter_layout import parameter_shapes, parameter_tensors,
 from dsgen.estimate.sharding import rank_split
 from dsgen.estimate.swap_buffers import nvme_buffers
 from dsgen.estimate.trainable import FrozenBytes, ParameterSplit, frozen_bytes, full_split
-from dsgen.plan import Plan
+from dsgen.plan import ModelParallel, Plan, ZeroKnobs
 from dsgen.units import FP32
+from dsgen.vocabulary import OffloadDevice, Precision
 
 # stage_1_and_2.py: "align nccl all-gather send buffers to 4-byte boundary" -> the flat 16-bit
 # group is padded to a multiple of this many elements times the data-parallel size.
@@ -309,7 +310,63 @@ class ModelStates:
 
 def model_states(shape: ModelShape, plan: Plan, optimizer: str, split: ParameterSplit | None = None) -> ModelStates:
     """Every model-state term of ``plan`` on one GPU and its host (see the module docstring).
-    ``split``: what trains (:func:`dsgen.estimate.trainable.parameter_split`); the whole model by default."""
+    ``split``: what trains (:func:`dsgen.estimate.trainable.parameter_split`); the whole model by default.
+
+    Memoised on the plan's fields that decide them (:func:`_model_states`): the solver prices
+    every micro-batch, checkpointing mode and long-context variant of one ZeRO layout, and they
+    all share its model states."""
+    return _model_states(
+        shape,
+        split,
+        optimizer,
+        plan.precision,
+        plan.zero_stage,
+        plan.offload_optimizer,
+        plan.offload_param,
+        plan.offload_ratio,
+        plan.knobs,
+        plan.model_parallel,
+        plan.data_parallel_size,
+        plan.gradient_accumulation_steps > 1,
+    )
+
+
+@lru_cache(maxsize=4096)
+def _model_states(
+    shape: ModelShape,
+    split: ParameterSplit | None,
+    optimizer: str,
+    precision: Precision,
+    zero_stage: int,
+    offload_optimizer: OffloadDevice,
+    offload_param: OffloadDevice,
+    offload_ratio: float,
+    knobs: ZeroKnobs,
+    model_parallel: ModelParallel,
+    data_parallel_size: int,
+    accumulates: bool,
+) -> ModelStates:
+    """The model states of every plan with these fields. Nothing here reads the micro-batch, the
+    checkpointing mode or the long-context choices, and of the accumulation steps only whether
+    there are several (ZeRO-2's second gradient buffer, its offload's host accumulators), so the
+    plan priced is the one with those left at their simplest."""
+    plan = Plan(
+        precision=precision,
+        zero_stage=zero_stage,
+        offload_optimizer=offload_optimizer,
+        offload_param=offload_param,
+        checkpointing="none",
+        micro_batch_size=1,
+        gradient_accumulation_steps=2 if accumulates else 1,
+        data_parallel_size=data_parallel_size,
+        knobs=knobs,
+        offload_ratio=offload_ratio,
+        model_parallel=model_parallel,
+    )
+    return _plan_model_states(shape, plan, optimizer, split)
+
+
+def _plan_model_states(shape: ModelShape, plan: Plan, optimizer: str, split: ParameterSplit | None) -> ModelStates:
     parts = partitioning(shape, plan, split)
     backward, step = _gradients_by_phase(shape, plan, parts)
     params, states = _parameters_and_states(shape, plan, parts, optimizer)

@@ -31,6 +31,7 @@ Every byte count is a Python int, so a 2**24-token sequence stays exact.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.estimate.activations import (
@@ -41,9 +42,10 @@ from dsgen.estimate.activations import (
 )
 from dsgen.estimate.layer_backward import layer_backward_bytes, loss_backward_bytes, mlp_saved_bytes
 from dsgen.estimate.layer_forward import layer_forward_bytes
-from dsgen.plan import Plan
+from dsgen.plan import LongContext, Plan
 from dsgen.spec.types import Training
 from dsgen.units import FP32, GIB
+from dsgen.vocabulary import Checkpointing, Precision
 
 #: ArcticTraining's tiled-loss tile: about 1 GiB of fp32 logits per tile.
 LOSS_TILE_BYTES = GIB
@@ -135,11 +137,73 @@ def long_context_memory(
 ) -> LongContextMemory:
     """Per-rank activation memory of any plan, with what its long-context choices change (see the
     module docstring; without them, ``p = 1`` and nothing tiled or offloaded); ``logits_released``
-    as in :func:`dsgen.estimate.memory.estimate_memory`."""
+    as in :func:`dsgen.estimate.memory.estimate_memory`.
+
+    All but the gradient-reduction copy is memoised on what it reads (:func:`_long_context_memory`):
+    the solver prices each micro-batch and checkpointing mode of a model under many ZeRO stages,
+    knobs, offloads and accumulation steps, none of which change its activations."""
+    lc = plan.long_context
+    activations = _long_context_memory(
+        shape,
+        lc,
+        plan.precision,
+        plan.checkpointing,
+        plan.micro_batch_size,
+        training.sequence_length,
+        training.attention,
+        training.liger_kernel,
+        logits_released,
+    )
+    reduction = sp_reduction_bytes(shape, plan) if lc.sequence_parallel_size > 1 else 0
+    if not reduction:
+        return activations
+    return LongContextMemory(
+        activations=activations.activations,
+        transient=activations.transient,
+        buffers=activations.buffers + reduction,
+        host_per_rank=activations.host_per_rank,
+        layer_forward=activations.layer_forward,
+    )
+
+
+@lru_cache(maxsize=4096)
+def _long_context_memory(
+    shape: ModelShape,
+    long_context: LongContext,
+    precision: Precision,
+    checkpointing: Checkpointing,
+    micro_batch_size: int,
+    sequence_length: int,
+    attention: str,
+    liger_kernel: bool,
+    logits_released: bool,
+) -> LongContextMemory:
+    """:func:`long_context_memory` without :func:`sp_reduction_bytes` (the one term that reads the
+    ZeRO stage and its bucket), for every plan with these fields: the plan priced has the rest
+    (stage, knobs, offloads, accumulation, data and model parallelism: the rank's ``shape``
+    already says what AutoTP/AutoEP leave it) at their simplest, as none of them is read here; of
+    the training section, the sequence length, the attention kernel and Liger."""
+    plan = Plan(
+        precision=precision,
+        zero_stage=0,
+        offload_optimizer="none",
+        offload_param="none",
+        checkpointing=checkpointing,
+        micro_batch_size=micro_batch_size,
+        gradient_accumulation_steps=1,
+        data_parallel_size=long_context.sequence_parallel_size,
+        long_context=long_context,
+    )
+    return _plan_long_context_memory(shape, plan, sequence_length, attention, liger_kernel, logits_released)
+
+
+def _plan_long_context_memory(
+    shape: ModelShape, plan: Plan, sequence_length: int, attention: str, liger_kernel: bool, logits_released: bool
+) -> LongContextMemory:
     lc = plan.long_context
     sp = lc.sequence_parallel_size
     b, e = plan.micro_batch_size, plan.dtype_bytes
-    s_local = training.sequence_length // sp
+    s_local = sequence_length // sp
     tokens = b * s_local
     full = plan.checkpointing == "full"
     base = estimate_activations(
@@ -147,18 +211,18 @@ def long_context_memory(
         micro_batch_size=b,
         sequence_length=s_local,
         dtype_bytes=e,
-        attention=training.attention,
+        attention=attention,
         checkpointing=full,
         selective=plan.checkpointing == "selective",
-        liger=training.liger_kernel,
+        liger=liger_kernel,
     )
     per_token = _attention_delta(shape, e, sp)
     tiled = lc.tiled_mlp and not shape.is_moe
     shard = None
     if tiled:
-        per_token -= mlp_saved_bytes(shape, e, training.liger_kernel)  # what the layer inventory counted
+        per_token -= mlp_saved_bytes(shape, e, liger_kernel)  # what the layer inventory counted
         shard = -(-tokens // tiled_mlp_shards(shape, s_local))
-    backward = layer_backward_bytes(shape, e, tokens, sp, training.liger_kernel, training.attention, shard)
+    backward = layer_backward_bytes(shape, e, tokens, sp, liger_kernel, attention, shard)
     layer_delta = tokens * per_token
     if full:
         layers = base.layers
@@ -178,7 +242,7 @@ def long_context_memory(
         rebuilt += checkpoint
     outside = base.outside_layers
     vocab = shape.vocab_size
-    if training.liger_kernel:  # Liger's fused loss is in the base inventory (no logits saved)
+    if liger_kernel:  # Liger's fused loss is in the base inventory (no logits saved)
         logits = liger_loss_transient(shape, e, tokens)
     elif lc.tiled_loss:
         # no saved fp32 log-softmax nor shifted labels; the saved input gradient replaces the
@@ -194,12 +258,12 @@ def long_context_memory(
     forward = 0
     if full:
         forward = tokens * e * shape.hidden_size + layer_forward_bytes(
-            shape, e, tokens, sp, training.liger_kernel, shard
+            shape, e, tokens, sp, liger_kernel, shard
         )
     return LongContextMemory(
         activations=acts,
         transient=max(logits, acts.recompute_working_set),
-        buffers=all_to_all_bytes(shape, plan, s_local) + sp_reduction_bytes(shape, plan),
+        buffers=all_to_all_bytes(shape, plan, s_local),  # + sp_reduction_bytes: long_context_memory
         host_per_rank=host,
         layer_forward=forward,
     )

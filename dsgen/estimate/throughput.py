@@ -12,6 +12,7 @@ from functools import lru_cache
 from math import prod
 
 from dsgen.catalog.model_shape import ModelShape
+from dsgen.estimate.memo import identity_cache, memo_tables
 from dsgen.estimate.model_parallel_time import (
     model_parallel_comm_s,
     node_ring_elements,
@@ -80,6 +81,7 @@ class StepTime:
         return self.compute_s + self.exposed_comm_s + self.offload_s + self.generation_s
 
 
+@lru_cache(maxsize=1024)  # once per model and length: the solver asks for every candidate
 def model_flops_per_token(shape: ModelShape, sequence_length: int) -> float:
     """Training FLOPs per token (forward + backward) in the PaLM accounting: 6N plus attention."""
     n = shape.active_parameter_count() - shape.embedding_parameters()
@@ -106,6 +108,7 @@ def _collective_bandwidth(hardware: Hardware) -> float:
     return link * 1e9 * COLLECTIVE_EFFICIENCY
 
 
+@identity_cache(maxsize=64)  # once per spec: the solver asks for every candidate
 def trained_parameters(shape: ModelShape, training: Training) -> int:
     """Parameters that get gradients: the whole model in full training, else the method's."""
     if training.finetuning.method == "full":
@@ -113,6 +116,7 @@ def trained_parameters(shape: ModelShape, training: Training) -> int:
     return parameter_split(shape, training.finetuning).trainable_count
 
 
+@identity_cache(maxsize=64)  # once per spec: the solver asks for every candidate
 def method_flops_factor(shape: ModelShape, training: Training, trained: int) -> float:
     """Model FLOPs of the method and objective, as a multiple of full training's on the same tokens.
 
@@ -135,31 +139,14 @@ def estimate_step_time(shape: ModelShape, plan: Plan, hardware: Hardware, traini
     communication compute does not hide, and offload traffic, each priced by its own function.
     AutoTP's all-reduces and AutoEP's all-to-alls are synchronous on the compute stream, so they
     join the exposed communication whole (:mod:`dsgen.estimate.model_parallel_time`)."""
-    flops = model_flops_per_token(shape, training.sequence_length) * tokens_per_step(plan, training)
     trained = trained_parameters(shape, training)
-    flops *= method_flops_factor(shape, training, trained)
-    if plan.long_context.active:  # Ulysses SP, TiledMLP, checkpoint offload (sequence_parallel_time)
-        long = long_context_time(
-            shape,
-            plan,
-            hardware,
-            training,
-            COLLECTIVE_EFFICIENCY,
-            PCIE_EFFICIENCY,
-            _mfu_flops(plan, hardware, training),
-        )
-        # the attention core runs at its kernel's rate, apart from the MFU-priced matmuls
-        compute = compute_s(shape, plan, hardware, training, flops - long.attention_model_flops, attention_apart=True)
-        apart = _at_mfu_s(plan, hardware, training, long.tiled_mlp_flops) + long.attention_s
-        compute += apart * _zero3_overhead(plan)
-        exposed = exposed_communication_s(shape, plan, hardware, compute, trained) + long.exposed_comm_s
-        offload = offload_s(shape, plan, hardware, training, trained) + long.offload_s
-    else:
-        compute = compute_s(shape, plan, hardware, training, flops)
-        exposed = exposed_communication_s(shape, plan, hardware, compute, trained)
-        offload = offload_s(shape, plan, hardware, training, trained)
+    flops = _step_flops(shape, plan, training, trained)
+    compute, offload, long_exposed = _compute_and_offload(shape, plan, hardware, training, trained, flops)
+    exposed = exposed_communication_s(shape, plan, hardware, compute, trained)
+    if plan.long_context.active:
+        exposed += long_exposed
     if plan.model_parallel.active:
-        exposed += model_parallel_comm_s(shape, plan, hardware, training, COLLECTIVE_EFFICIENCY, COLLECTIVE_LATENCY_S)
+        exposed += _model_parallel_s(shape, plan, hardware, training)
     return StepTime(
         compute_s=compute,
         exposed_comm_s=exposed,
@@ -167,6 +154,84 @@ def estimate_step_time(shape: ModelShape, plan: Plan, hardware: Hardware, traini
         model_flops=flops,
         generation_s=generation_time_s(shape, plan, hardware, training),
     )
+
+
+def _compute_and_offload(
+    shape: ModelShape, plan: Plan, hardware: Hardware, training: Training, trained: int, flops: float
+) -> tuple[float, float, float]:
+    """(compute, offload, the long-context terms' exposed communication) seconds of one step: what
+    :func:`estimate_step_time` and :func:`step_time_floor` share."""
+    if not plan.long_context.active:
+        return compute_s(shape, plan, hardware, training, flops), offload_s(shape, plan, hardware, training, trained), 0.0
+    # Ulysses SP, TiledMLP, checkpoint offload (sequence_parallel_time)
+    long = long_context_time(
+        shape,
+        plan,
+        hardware,
+        training,
+        COLLECTIVE_EFFICIENCY,
+        PCIE_EFFICIENCY,
+        _mfu_flops(plan, hardware, training),
+    )
+    # the attention core runs at its kernel's rate, apart from the MFU-priced matmuls
+    compute = compute_s(shape, plan, hardware, training, flops - long.attention_model_flops, attention_apart=True)
+    apart = _at_mfu_s(plan, hardware, training, long.tiled_mlp_flops) + long.attention_s
+    compute += apart * _zero3_overhead(plan)
+    offload = offload_s(shape, plan, hardware, training, trained) + long.offload_s
+    return compute, offload, long.exposed_comm_s
+
+
+def _model_parallel_s(shape: ModelShape, plan: Plan, hardware: Hardware, training: Training) -> float:
+    """:func:`dsgen.estimate.model_parallel_time.model_parallel_comm_s` at this model's link
+    efficiency and latencies, memoised per spec on the plan fields it reads: the solver prices
+    each micro-batch and accumulation of a layout under every ZeRO stage, knob and offload."""
+    table = _model_parallel_tables(shape, hardware, training)
+    key = (
+        plan.precision,
+        plan.micro_batch_size,
+        plan.gradient_accumulation_steps,
+        plan.checkpointing,
+        plan.model_parallel,
+    )
+    seconds = table.get(key)
+    if seconds is None:
+        layout = Plan(
+            precision=plan.precision,
+            zero_stage=0,
+            offload_optimizer="none",
+            offload_param="none",
+            checkpointing=plan.checkpointing,
+            micro_batch_size=plan.micro_batch_size,
+            gradient_accumulation_steps=plan.gradient_accumulation_steps,
+            data_parallel_size=plan.model_parallel.tensor_parallel_size * plan.model_parallel.expert_parallel_size,
+            model_parallel=plan.model_parallel,
+        )
+        seconds = table[key] = model_parallel_comm_s(
+            shape, layout, hardware, training, COLLECTIVE_EFFICIENCY, COLLECTIVE_LATENCY_S
+        )
+    return seconds
+
+
+def _step_flops(shape: ModelShape, plan: Plan, training: Training, trained: int) -> float:
+    """Model FLOPs of one optimizer step, all GPUs, without recompute (:attr:`StepTime.model_flops`)."""
+    flops = model_flops_per_token(shape, training.sequence_length) * tokens_per_step(plan, training)
+    return flops * method_flops_factor(shape, training, trained)
+
+
+def step_time_floor(shape: ModelShape, plan: Plan, hardware: Hardware, training: Training) -> float:
+    """A lower bound on :func:`estimate_step_time`'s total, without the ZeRO communication (the
+    costly term, and the only one the ZeRO knobs move): the same compute, model-parallel traffic,
+    offload and generation seconds. The left-out terms are never negative, and a float sum never
+    falls when a non-negative term joins it, so the bound holds to the last bit. The solver skips
+    candidates this rules out (dsgen.solver, ``scope="choice"``)."""
+    trained = trained_parameters(shape, training)
+    compute, offload, _ = _compute_and_offload(
+        shape, plan, hardware, training, trained, _step_flops(shape, plan, training, trained)
+    )
+    floor = compute
+    if plan.model_parallel.active:
+        floor += _model_parallel_s(shape, plan, hardware, training)
+    return floor + offload + generation_time_s(shape, plan, hardware, training)
 
 
 #: The share of a GPU's memory bandwidth a decoding step reaches while it reads the weights. Not
@@ -249,10 +314,54 @@ def exposed_communication_s(
     """Seconds of ZeRO communication per step that compute does not hide, launch latency included:
     ``max(0, overlappable − hidden) + blocking + collectives × latency``. ``trained``: the
     parameters that get gradients (the whole model by default)."""
-    overlappable, blocking = communication_s(shape, plan, hardware, trained)
+    overlappable, blocking, hooks, latency = _communication_terms(shape, plan, hardware, trained)
     exposed = max(0.0, overlappable - hidden_communication_s(shape, plan, compute)) + blocking
-    exposed += hook_s(shape, plan)
-    return exposed + collective_latency_s(shape, plan, hardware) if plan.zero_ranks > 1 else exposed
+    exposed += hooks
+    return exposed + latency if plan.zero_ranks > 1 else exposed
+
+
+#: Memoised step-time terms of each model and hardware (or spec), by the plan fields they read.
+_communication_tables = memo_tables()
+_offload_tables = memo_tables()
+_model_parallel_tables = memo_tables()
+
+
+def _communication_terms(
+    shape: ModelShape, plan: Plan, hardware: Hardware, trained: int | None
+) -> tuple[float, float, float, float]:
+    """(overlappable, blocking, hooks, launch latency) seconds of :func:`exposed_communication_s`:
+    what does not depend on the compute it overlaps. Memoised: the solver prices every micro-batch
+    and offload of one ZeRO layout, none of which these read, so the plan priced has them (and the
+    long-context choices) at their simplest. Launch latency is 0 for a single ZeRO rank (unused)."""
+    table = _communication_tables(shape, hardware)
+    key = (
+        trained,
+        plan.precision,
+        plan.zero_stage,
+        plan.gradient_accumulation_steps,
+        plan.checkpointing,
+        plan.knobs,
+        plan.model_parallel,
+        plan.data_parallel_size,
+    )
+    terms = table.get(key)
+    if terms is None:
+        layout = Plan(
+            precision=plan.precision,
+            zero_stage=plan.zero_stage,
+            offload_optimizer="none",
+            offload_param="none",
+            checkpointing=plan.checkpointing,
+            micro_batch_size=1,
+            gradient_accumulation_steps=plan.gradient_accumulation_steps,
+            data_parallel_size=plan.data_parallel_size,
+            knobs=plan.knobs,
+            model_parallel=plan.model_parallel,
+        )
+        overlappable, blocking = communication_s(shape, layout, hardware, trained)
+        latency = collective_latency_s(shape, layout, hardware) if layout.zero_ranks > 1 else 0.0
+        terms = table[key] = (overlappable, blocking, hook_s(shape, layout), latency)
+    return terms
 
 
 @lru_cache(maxsize=256)  # a property of the model and one knob, asked for every candidate
@@ -397,6 +506,40 @@ def offload_s(
     partition is one rank's share of what it holds (under AutoTP/AutoEP, of its shard:
     :func:`dsgen.estimate.model_parallel_time.zero_groups`).
     """
+    if plan.offload_optimizer == "none" and plan.offload_param == "none":
+        return 0.0  # what the sum below starts from (most candidates offload nothing)
+    table = _offload_tables(shape, hardware, training)
+    key = (
+        trained,
+        plan.precision,
+        plan.offload_optimizer,
+        plan.offload_param,
+        plan.offload_ratio,
+        plan.gradient_accumulation_steps,
+        plan.model_parallel,
+        plan.data_parallel_size,
+    )
+    seconds = table.get(key)
+    if seconds is None:
+        # memoised per spec: the solver prices each offload under many micro-batches, stages and
+        # knobs, none of which this reads; the plan priced has them at their simplest
+        layout = Plan(
+            precision=plan.precision,
+            zero_stage=0,
+            offload_optimizer=plan.offload_optimizer,
+            offload_param=plan.offload_param,
+            checkpointing="none",
+            micro_batch_size=1,
+            gradient_accumulation_steps=plan.gradient_accumulation_steps,
+            data_parallel_size=plan.data_parallel_size,
+            offload_ratio=plan.offload_ratio,
+            model_parallel=plan.model_parallel,
+        )
+        seconds = table[key] = _offload_s(shape, layout, hardware, training, trained)
+    return seconds
+
+
+def _offload_s(shape: ModelShape, plan: Plan, hardware: Hardware, training: Training, trained: int | None) -> float:
     g = hardware.gpus_per_node
     p = shape.parameter_count()
     w = plan.dtype_bytes

@@ -19,12 +19,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from math import prod
 from typing import TypeVar
 
 from dsgen.catalog.linear_layers import LinearLayer, decoder_linear_layers
 from dsgen.catalog.model_shape import ModelShape
+from dsgen.estimate.memo import identity_cache
 from dsgen.estimate.parameter_layout import Shape, parameter_shapes
 from dsgen.spec.types import FineTuning, Lora, Quantization
 from dsgen.units import FP32
@@ -71,11 +72,14 @@ class ParameterSplit:
     # partitions them over the expert-data-parallel group; dsgen.estimate.sharding); 0 without
     local_experts: int = 0
 
-    @property
+    # Computed once per split (cached_property stores them beside the fields: equality, hashing by
+    # identity, ``replace`` and ``asdict`` are unaffected): the solver asks for both of every
+    # candidate, and a split has hundreds of tensors.
+    @cached_property
     def trainable(self) -> tuple[int, ...]:
         return _sizes(self.trainable_shapes)
 
-    @property
+    @cached_property
     def trainable_count(self) -> int:
         return sum(self.trainable)
 
@@ -116,6 +120,7 @@ def full_split(shape: ModelShape) -> ParameterSplit:
     return ParameterSplit(trainable_shapes=parameter_shapes(shape))
 
 
+@identity_cache(maxsize=64)  # the same spec's objects, candidate after candidate: no FineTuning hash
 @lru_cache(maxsize=256)
 def parameter_split(shape: ModelShape, finetuning: FineTuning) -> ParameterSplit:
     """What trains under ``finetuning``'s method (memoised; full training is :func:`full_split`)."""
