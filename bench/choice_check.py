@@ -10,6 +10,8 @@ checks:
   the chosen plan's layout (AutoTP, AutoEP, Ulysses degree) that offload no more (the acceptance);
 * **pins**: the chosen plan carries every pinned value (``dsgen.solver.unmet_pins``), or the solve
   ends in a ``DsgenError`` whose key path or message names the pinned key;
+* **pruning**: the choice-only search (``scope="choice"``, what ``new`` and ``sweep`` run) gives the
+  same chosen plan, or closest miss, as the full search, and how many candidates each priced;
 * **changes**: the plan the rule before issue 48 would have chosen among the same feasible plans
   (the tie band, then simplicity alone: :func:`previous_choice`, kept here for the comparison),
   and which part of today's rule (``dsgen.ranking.decided_by``) made the difference.
@@ -143,12 +145,16 @@ def check(spec_doc: dict[str, Any]) -> dict[str, Any]:
     """One spec's outcome: ``status`` ok / refused / infeasible, and the checks' findings."""
     pinned = next(iter(spec_doc.get("constraints", {})), None)
     try:
-        result = solve_spec(load_spec(spec_doc))
+        spec = load_spec(spec_doc)
+        result = solve_spec(spec)
+        pruned = solve_spec(spec, scope="choice")
     except DsgenError as error:
         named = pinned is not None and (pinned in (error.path or "") or pinned in str(error))
         return {"status": "refused", "pin": pinned, "named": named, "message": str(error)}
+    same = pruned.best == result.best and pruned.closest == result.closest
+    counts = {"same_as_pruned": same, "candidates": result.candidates_evaluated, "pruned": pruned.candidates_evaluated}
     if not result.feasible or result.best is None:
-        return {"status": "infeasible", "pin": pinned}
+        return {"status": "infeasible", "pin": pinned, **counts}
     best, ranked = result.best, result.ranked
     old = previous_choice(list(ranked), result)
     return {
@@ -159,6 +165,7 @@ def check(spec_doc: dict[str, Any]) -> dict[str, Any]:
         "dominated_layout": len(dominated_by(best, ranked, same_layout=True)),
         "changed": old is not best and old.plan != best.plan,
         "why": why_changed(best, old, ranked) if old is not best and old.plan != best.plan else None,
+        **counts,
     }
 
 
@@ -188,6 +195,12 @@ def main() -> None:
     )
     for r in unnamed[:5]:
         print(f"  refused without naming {r['pin']}: {r['message']}")
+    priced = [r for r in rows if r["status"] != "refused"]
+    print(
+        f"the choice-only search (new, sweep) against the full one: the same plan (or closest miss) on "
+        f"{sum(r['same_as_pruned'] for r in priced)} of {len(priced)} specs, "
+        f"{sum(r['pruned'] for r in priced):,} candidates priced against {sum(r['candidates'] for r in priced):,}"
+    )
     changed = Counter(r["why"] for r in ok if r["changed"])
     print(f"choices changed against the rule before issue 48: {sum(changed.values())} of {len(ok)}")
     for why, n in changed.most_common():

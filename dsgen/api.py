@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from dsgen.frontier import FrontierPoint
     from dsgen.plan import Plan
     from dsgen.render import Rendered
-    from dsgen.solver import SolveResult
+    from dsgen.solver import Scope, SolveResult
     from dsgen.spec.types import Spec
     from dsgen.starter import StarterOptions, write_starter_spec
     from dsgen.sweep_output import Progress, SweepResult
@@ -108,12 +108,13 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def solve_spec(spec: Spec, accounting: Accounting = "dsgen") -> SolveResult:
-    """Search the plan space; the result ranks every feasible plan. ``accounting`` is ``dsgen``
-    (default) or ``deepspeed-estimator`` (DeepSpeed's own model-state estimator)."""
+def solve_spec(spec: Spec, accounting: Accounting = "dsgen", scope: Scope = "full") -> SolveResult:
+    """Search the plan space; the result ranks every feasible plan (``scope="choice"``: only the
+    chosen one, :data:`dsgen.solver.Scope`). ``accounting`` is ``dsgen`` (default) or
+    ``deepspeed-estimator`` (DeepSpeed's own model-state estimator)."""
     from dsgen.solver import solve
 
-    return solve(spec, accounting)
+    return solve(spec, accounting, scope)
 
 
 def spec_for_target(spec: Spec, target: str | None, launcher: str | None = None) -> Spec:
@@ -310,11 +311,13 @@ def build_bundle(
     launcher: str | None = None,
     template_dir: str | Path | None = None,
     allow_tight: bool = False,
+    scope: Scope = "full",
 ) -> tuple[SolveResult, Bundle]:
     """:func:`build_config` for a whole target bundle (``dsgen new --target/--launcher``).
 
     ``allow_tight``: when no plan fits below the safe line, take the fastest "tight" one (below
-    GPU capacity, above the line; dsgen.verdict) rather than raising InfeasibleError."""
+    GPU capacity, above the line; dsgen.verdict) rather than raising InfeasibleError. ``scope``:
+    ``choice`` when only the chosen plan is shown (:data:`dsgen.solver.Scope`)."""
     from dataclasses import replace
 
     from dsgen.solver import require_feasible
@@ -323,11 +326,11 @@ def build_bundle(
     spec = load_spec(path, overrides)
     chosen, how = resolve(spec, target, launcher)  # a bad choice fails before the solver runs
     spec = spec_for_target(spec, chosen)
-    result = solve_spec(spec, accounting)
+    result = solve_spec(spec, accounting, scope)
     if allow_tight and not result.feasible and not result.fully_pinned:
         # below capacity is what a tight plan must meet: search again with no headroom
         relaxed = replace(spec, constraints=replace(spec.constraints, memory_headroom=0.0))
-        tight = solve_spec(relaxed, accounting)
+        tight = solve_spec(relaxed, accounting, scope)
         result = tight if tight.feasible else result
     best = require_feasible(result)
     from dsgen.targets import bundle

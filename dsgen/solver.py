@@ -11,14 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.errors import DsgenError, InfeasibleError
 from dsgen.estimate.kernel_limits import KERNEL_LIMIT_HINT, kernel_limit
 from dsgen.estimate.memory import estimate_memory
 from dsgen.estimate.optimizers import is_client_optimizer
-from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
+from dsgen.estimate.throughput import STEP_TIME_TIE_BAND, step_time_floor
 from dsgen.evaluation import Evaluation, evaluate, usable_bytes
 from dsgen.global_batch import batch_splits, global_batch_target
 from dsgen.knob_variants import ZEROPP_CHOICES, knob_variants, with_zeropp
@@ -33,6 +33,11 @@ from dsgen.verdict import FitVerdict
 from dsgen.vocabulary import CHECKPOINTING_MODES, OFFLOAD_DEVICES, Accounting, Checkpointing, OffloadDevice, Precision
 
 T = TypeVar("T")
+
+#: What a solve is for: ``full`` prices every candidate (solve, explain, the doctor: the ranking,
+#: the alternatives); ``choice`` only what can be chosen (new, sweep: the plan written), skipping
+#: candidates that cannot enter the rule's band (:func:`_search`, pruning 4). Both choose the same plan.
+Scope = Literal["full", "choice"]
 
 
 @dataclass(frozen=True)
@@ -233,6 +238,8 @@ def _base_structures(spec: Spec) -> Iterator[_Structure]:
             param_offloads = ["none"]
         for offload_optimizer in optimizer_offloads:
             for offload_param in param_offloads:
+                if c.offload_optimizer not in (None, offload_optimizer) or c.offload_param not in (None, offload_param):
+                    continue  # a pinned offload this stage cannot do (parameters: ZeRO-3 only)
                 if offload_param != "none" and offload_optimizer == "none" and c.offload_optimizer is None:
                     continue  # DeepSpeed offloads parameters only alongside optimizer states
                 # partial offload (offload_optimizer.ratio < 1) exists only for ZeRO-3 CPU offload
@@ -298,9 +305,9 @@ def _no_plan_for_pins(spec: Spec) -> DsgenError:
 
 
 def _search(
-    spec: Spec, global_batch: int, accounting: Accounting, long_search: bool = False
+    spec: Spec, global_batch: int, accounting: Accounting, long_search: bool = False, scope: Scope = "full"
 ) -> tuple[list[Evaluation], int]:
-    """Evaluate the search space with two safe prunings; return the evaluations kept and the count.
+    """Evaluate the search space with safe prunings; return the evaluations kept and the count.
 
     1. Knob variants are ordered fastest-first and never larger in GPU memory than the previous
        one, so the first that fits is the best setting for that plan; leaner ones are not tried.
@@ -308,6 +315,15 @@ def _search(
        does not fit on the GPU even with the leanest knobs, no larger one that still accumulates
        can. The single-step split (accumulation 1) is still tried: ZeRO-2 holds a second gradient
        buffer only when it accumulates, so that split can need less memory than smaller ones.
+    4. (``scope="choice"``: only the chosen plan is wanted) The rule picks among the feasible plans
+       within ``STEP_TIME_TIE_BAND`` of the fastest (dsgen.ranking), and no plan outside that band
+       can dominate one inside it. So once a feasible plan is found, a split whose step-time floor
+       (:func:`dsgen.estimate.throughput.step_time_floor`: every term but the ZeRO communication,
+       which the knobs move) is beyond the band of the fastest so far cannot be chosen, whatever
+       its knobs and memory: it is not priced. What this skips is priced the same wherever it is
+       kept; what it prices beyond (a split pruning 2 would have skipped after an overflow it no
+       longer saw) cannot fit. NVMe optimizer offload, whose sub-groups shrink after the knobs
+       are chosen, is never skipped.
     """
     dp = spec.hardware.world_size
     precision = resolve_precision(spec)
@@ -318,57 +334,116 @@ def _search(
     variants_by_stage = {stage: knob_variants(spec.model, stage) for stage in range(4)}
     if next(_structures(spec, long_search), None) is None:
         raise _no_plan_for_pins(spec)
-    kept: list[Evaluation] = []
     evaluated = 0
+    beyond_s = float("inf")  # (4.) the band's edge above the fastest feasible plan priced so far
 
     def price(st: _Structure, knobs: ZeroKnobs, micro: int, accum: int) -> Evaluation:
-        nonlocal evaluated
+        nonlocal evaluated, beyond_s
         evaluated += 1
-        return evaluate(spec, _plan(st, precision, knobs, micro, accum, dp), accounting)
+        plan = _plan(st, precision, knobs, micro, accum, dp)
+        priced = evaluate(spec, plan, accounting)
+        if scope == "choice" and priced.feasible and not unmet_pins(spec, plan):
+            beyond_s = min(beyond_s, priced.step.total_s * (1 + STEP_TIME_TIE_BAND))
+        return priced
+
+    def price_split(st: _Structure, variants: list[ZeroKnobs], micro: int, accum: int, overflowed: bool) -> Evaluation:
+        """The split's plan: its first knob variant that fits the GPU (pruning 1), or the last tried."""
+        if overflowed:
+            # the single-step split after an overflow (see 2.) seldom fits: try the leanest
+            # knobs first, and look for faster ones only when they fit
+            chosen = price(st, variants[-1], micro, accum)
+            if not chosen.fits_gpu:
+                return chosen
+        for knobs in variants:
+            chosen = price(st, knobs, micro, accum)
+            if chosen.fits_gpu:
+                break
+        if chosen.fits_gpu and not chosen.fits_cpu and st.offload_optimizer == "nvme":
+            chosen = _shrink_sub_groups(chosen, partial(price, st, micro=micro, accum=accum))
+        return chosen
+
+    structures = list(_structures(spec, long_search))
+    variants_of = [_knob_variants_for(spec, st, variants_by_stage[st.stage]) for st in structures]
+    splits_of = [splits_by_divisor.get(st.batch_ranks_divisor, []) for st in structures]
+    # (4.) each split's floor, and the families (structures that differ only in their trick sets)
+    # lowest floor first. The long-context search, whose floors cost nearly what pricing does,
+    # takes its families as generated and floors a split only once a plan fits; the full search
+    # floors nothing.
+    families = _families(structures)
+    floors: list[list[float | None]] = [[None] * len(splits) for splits in splits_of]
+
+    def floor(index: int, position: int) -> float:
+        st = structures[index]
+        if scope == "full" or st.offload_optimizer == "nvme":  # NVMe: sub-groups shrink after the knobs
+            return 0.0
+        known = floors[index][position]
+        if known is None:
+            micro, accum = splits_of[index][position]
+            plan = _plan(st, precision, variants_of[index][0], micro, accum, dp)  # knobs move none of it
+            known = floors[index][position] = step_time_floor(spec.model, plan, spec.hardware, spec.training)
+        return known
+
+    def lowest(family: list[int]) -> float:
+        return min((floor(i, p) for i in family for p in range(len(splits_of[i]))), default=0.0)
+
+    if scope == "choice" and not long_search:
+        families.sort(key=lowest)  # stable: ties keep the search's own order
 
     # 3. (long-context search only) Tricks only lower GPU memory, so when a structure's leanest
     #    trick set does not fit the GPU at its leanest split and knobs, no other set of that
     #    structure and Ulysses degree can: one probe per (structure, degree) decides.
     probes: dict[_Structure, bool] = {}
-    for st in _structures(spec, long_search):
-        splits = splits_by_divisor.get(st.batch_ranks_divisor, [])
-        if not splits:
-            continue
-        plain = replace(
+    found: list[tuple[tuple[int, int, int], Evaluation]] = []  # (where the full search finds it, plan)
+    for family in families:
+        if scope == "choice" and beyond_s < float("inf") and lowest(family) > beyond_s:
+            if long_search:
+                continue  # (4.) the whole family, its probe too
+            break  # (4.) and so is every later family
+        for index in family:
+            st, variants, splits = structures[index], variants_of[index], splits_of[index]
+            if not splits:
+                continue
+            plain = replace(
+                st, long_context=replace(LongContext(), sequence_parallel_size=st.long_context.sequence_parallel_size)
+            )
+            if long_search:
+                if plain not in probes:
+                    tried = _probe(spec, st, splits, partial(price, _leanest(spec, st)))
+                    found.extend(((index, -1, n), e) for n, e in enumerate(tried))  # for the closest miss
+                    probes[plain] = any(e.fits_gpu for e in tried)
+                if not probes[plain]:
+                    continue
+            overflowed = False
+            for position, (micro, accum) in enumerate(splits):
+                if overflowed and accum > 1:
+                    continue
+                if any(tricks_within(done, st.long_context) for done in fitted.get((plain, micro, accum), ())):
+                    continue
+                if beyond_s < float("inf") and floor(index, position) > beyond_s:  # (4.)
+                    continue
+                chosen = price_split(st, variants, micro, accum, overflowed)
+                found.append(((index, position, 0), chosen))
+                if chosen.feasible:
+                    fitted.setdefault((plain, micro, accum), []).append(st.long_context)
+                overflowed = overflowed or not chosen.fits_gpu
+    # in the order the full search finds them, so that exact ties break the same way
+    return [e for _, e in sorted(found, key=lambda item: item[0])], evaluated
+
+
+def _families(structures: list[_Structure]) -> list[list[int]]:
+    """The indexes of ``structures`` grouped by family (the same structure but for its long-context
+    trick sets), in order: :func:`_structures` generates each family's members together."""
+    families: list[list[int]] = []
+    last = None
+    for index, st in enumerate(structures):
+        family = replace(
             st, long_context=replace(LongContext(), sequence_parallel_size=st.long_context.sequence_parallel_size)
         )
-        variants = _knob_variants_for(spec, st, variants_by_stage[st.stage])
-        if long_search:
-            if plain not in probes:
-                tried = _probe(spec, st, splits, partial(price, _leanest(spec, st)))
-                kept.extend(tried)  # candidates for the closest miss
-                probes[plain] = any(e.fits_gpu for e in tried)
-            if not probes[plain]:
-                continue
-        overflowed = False
-        for micro, accum in splits:
-            if overflowed and accum > 1:
-                continue
-            if any(tricks_within(done, st.long_context) for done in fitted.get((plain, micro, accum), ())):
-                continue
-            if overflowed:
-                # the single-step split after an overflow (see 2.) seldom fits: try the leanest
-                # knobs first, and look for faster ones only when they fit
-                chosen = price(st, variants[-1], micro, accum)
-                if not chosen.fits_gpu:
-                    kept.append(chosen)
-                    continue
-            for knobs in variants:
-                chosen = price(st, knobs, micro, accum)
-                if chosen.fits_gpu:
-                    break
-            if chosen.fits_gpu and not chosen.fits_cpu and st.offload_optimizer == "nvme":
-                chosen = _shrink_sub_groups(chosen, partial(price, st, micro=micro, accum=accum))
-            kept.append(chosen)
-            if chosen.feasible:
-                fitted.setdefault((plain, micro, accum), []).append(st.long_context)
-            overflowed = overflowed or not chosen.fits_gpu
-    return kept, evaluated
+        if family != last:
+            families.append([])
+            last = family
+        families[-1].append(index)
+    return families
 
 
 def _plan(st: _Structure, precision: Precision, knobs: ZeroKnobs, micro: int, accum: int, dp: int) -> Plan:
@@ -534,37 +609,50 @@ def _compare(top: Evaluation, best: Evaluation | None, fastest_s: float | None) 
     return f"does not fit: {top.reason()}"
 
 
-def solve(spec: Spec, accounting: Accounting = "dsgen") -> SolveResult:
+def solve(spec: Spec, accounting: Accounting = "dsgen", scope: Scope = "full") -> SolveResult:
     """Evaluate the search space and rank the feasible plans (pure function of its inputs).
 
     ``accounting="deepspeed-estimator"`` prices model states with DeepSpeed's own estimator
-    instead of dsgen's (see :func:`dsgen.estimate.memory.estimate_memory`)."""
+    instead of dsgen's (see :func:`dsgen.estimate.memory.estimate_memory`). ``scope="choice"``
+    returns the same chosen plan (or closest miss) without the rest: ``ranked`` holds the chosen
+    plan alone and the alternatives are empty (:data:`Scope`)."""
     target = global_batch_target(spec)
-    evaluations, evaluated = _search(spec, target.sequences, accounting)
+    evaluations, evaluated = _search(spec, target.sequences, accounting, scope=scope)
     if not any(e.feasible for e in evaluations) and spec.constraints.long_context_searchable:
         # ALST needs training-script changes no config carries (launch.sh lists them), so its
         # unpinned dimensions join the search only when no plan fits without them; then all
         # four are searched jointly with the others.
-        more, counted = _search(spec, target.sequences, accounting, long_search=True)
+        more, counted = _search(spec, target.sequences, accounting, long_search=True, scope=scope)
         evaluations, evaluated = evaluations + more, evaluated + counted
     # a pin is a pin: the search proposes only pinned values, and nothing else is ever shown
     evaluations = [e for e in evaluations if not unmet_pins(spec, e.plan)]
     if not evaluations:  # every structure lacked a batch split it could run
         raise _no_plan_for_pins(spec)
-    feasible = rank_within_error([e for e in evaluations if e.feasible], spec.model)
+    feasible = [e for e in evaluations if e.feasible]
+    feasible = (
+        rank_within_error(feasible, spec.model, places=1)[:1]
+        if scope == "choice"
+        else rank_within_error(feasible, spec.model)
+    )
     closest = None if feasible else min(evaluations, key=lambda e: (e.shortfall(), rank_key(e)))
     fastest_s = min((e.step.total_s for e in feasible), default=None)
     pinned = spec.constraints.fully_pinned
     # A fully pinned spec reports that exact plan, feasible or not.
     best = feasible[0] if feasible else (closest if pinned else None)
     shown = best or closest
+    if scope == "choice":
+        return SolveResult(
+            spec, best, tuple(feasible), (), closest, evaluated, pinned, batch_note=target.note, accounting=accounting
+        )
     alternatives = []
     for stage in range(4):
         if shown is not None and stage == shown.plan.zero_stage:
             continue
         of_stage = [e for e in evaluations if e.plan.zero_stage == stage]
         if not of_stage:
-            alternatives.append(Alternative(stage, None, f"excluded by the pinned constraints ({pinned_constraints(spec)})"))
+            alternatives.append(
+                Alternative(stage, None, f"excluded by the pinned constraints ({pinned_constraints(spec)})")
+            )
             continue
         top = _best_of(of_stage, spec.model)
         alternatives.append(Alternative(stage, top, _compare(top, best, fastest_s)))

@@ -184,7 +184,7 @@ def _render_name(
 def run_one(sweep: Sweep, run: Run) -> Outcome:
     """Solve, render and validate one run. Bad input in a run is an error for the whole sweep."""
     spec = spec_from_data(copy.deepcopy(run.data), run.source.copy(), base_dir=sweep.base_dir)
-    result = solve(spec)
+    result = solve(spec, scope="choice")  # only the plan written (the same as a full solve's)
     try:
         best = require_feasible(result)
     except InfeasibleError as exc:

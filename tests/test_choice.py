@@ -164,13 +164,20 @@ def test_a_wide_generated_set_never_chooses_a_dominated_plan_and_never_drops_a_p
     assert all(r["dominated_any"] == 0 for r in solved)
     assert all(not r["unmet"] for r in solved)
     assert all(r["named"] for r in rows if r["status"] == "refused" and r["pin"] is not None)
+    # the choice-only search new and sweep run chooses what the full search does, on fewer candidates
+    priced = [r for r in rows if r["status"] != "refused"]
+    assert all(r["same_as_pruned"] for r in priced)
+    assert sum(r["pruned"] for r in priced) < 0.8 * sum(r["candidates"] for r in priced)
 
 
-def test_every_example_chooses_an_undominated_plan() -> None:
+def test_every_example_chooses_an_undominated_plan_and_the_pruned_search_the_same() -> None:
     for path in sorted(EXAMPLES_DIR.glob("*.yaml")):
-        result = solve_spec(load_spec(path))
+        spec = load_spec(path)
+        result = solve_spec(spec)
         assert result.best is not None, path
         assert not any(dominates(e, result.best) for e in result.ranked), path
+        pruned = solve_spec(spec, scope="choice")
+        assert pruned.best == result.best and pruned.candidates_evaluated <= result.candidates_evaluated, path
 
 
 @pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES_DIR.glob("*.yaml")))

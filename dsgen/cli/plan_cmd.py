@@ -112,6 +112,7 @@ def new(
         launcher=launcher,
         template_dir=template_dir,
         allow_tight=allow_tight,
+        scope="full" if as_json else "choice",  # the JSON carries the alternatives; the text, the plan
     )
     spec = result.spec
     dest = output if output is not None else _resolve_output(spec_file, default_destination(spec, bundle))

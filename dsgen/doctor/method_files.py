@@ -25,7 +25,7 @@ from dsgen.errors import DsgenError, Location
 from dsgen.inputs import read_text
 from dsgen.jsontypes import escape_pointer_token
 from dsgen.resources import schema_path
-from dsgen.spec.loader import LARGEST_NUMBER as LARGEST  # far past any real batch or rank
+from dsgen.spec.schema_errors import LARGEST_NUMBER as LARGEST  # far past any real batch or rank
 from dsgen.spec.schema_errors import refusal, show
 
 #: A field's check: why its value is refused ("must be ..., got ..."), or None.

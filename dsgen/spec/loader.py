@@ -30,7 +30,7 @@ from dsgen.estimate.optimizers import (
 from dsgen.resources import schema_path
 from dsgen.spec.defaults import spec_default
 from dsgen.spec.overrides import apply_overrides
-from dsgen.spec.schema_errors import check_against_schema
+from dsgen.spec.schema_errors import LARGEST_NUMBER, check_against_schema
 from dsgen.spec.types import (
     Constraints,
     FineTuning,
@@ -103,9 +103,6 @@ def spec_from_data(
     check_against_schema(data, schema_path("spec"), source)
     return _SpecBuilder(source, base_dir).build(data)
 
-
-#: The largest magnitude a JSON number carries exactly; nothing in a spec comes near it.
-LARGEST_NUMBER = 2**53
 
 
 def normalise_numbers(value: Any, path: tuple[str | int, ...], source: SourceMap) -> Any:

@@ -264,13 +264,15 @@ def _subschema_gate(schema_file: Path, path: KeyPath) -> tuple[dict[str, Any], G
     return node, compile_gate({"$defs": root.get("$defs", {}), **node})
 
 
+#: The largest magnitude a JSON number carries exactly; nothing in a spec comes near it.
+LARGEST_NUMBER = 2**53
+
+
 def refusal(value: Any, schema_file: Path, path: KeyPath) -> str | None:
     """Why the schema (and the spec loader's number bounds) would refuse ``value`` at key ``path``
     ('must be a positive integer, got 0'), or None. For readers of a run's own files that turn a
     field into a spec key: the refusal is then reported against the field in that file, not against
     a ``--set`` override the user never wrote."""
-    from dsgen.spec.loader import LARGEST_NUMBER  # the loader imports this module
-
     if isinstance(value, float) and not math.isfinite(value):
         return f"must be a finite number, got {show(value)}"
     if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) > LARGEST_NUMBER:
