@@ -371,6 +371,7 @@ def _search(
     # floors nothing.
     families = _families(structures)
     floors: list[list[float | None]] = [[None] * len(splits) for splits in splits_of]
+    shared_floors: dict[tuple[object, ...], float] = {}  # structures that differ in what no floor reads
 
     def floor(index: int, position: int) -> float:
         st = structures[index]
@@ -379,12 +380,22 @@ def _search(
         known = floors[index][position]
         if known is None:
             micro, accum = splits_of[index][position]
-            plan = _plan(st, precision, variants_of[index][0], micro, accum, dp)  # knobs move none of it
-            known = floors[index][position] = step_time_floor(spec.model, plan, spec.hardware, spec.training)
+            # the fields the floor reads: below ZeRO-3 the stage moves it only through offload
+            # and the long-context terms (ZeRO-3's hooks slow compute), the knobs never
+            offloads = st.offload_optimizer != "none" or st.offload_param != "none"
+            stage = st.stage if offloads or st.long_context.active else st.stage == 3
+            key: tuple[object, ...] = (stage, st.offload_optimizer, st.offload_param, st.offload_ratio)
+            key += (st.checkpointing, st.long_context, st.model_parallel, micro, accum)
+            known = shared_floors.get(key)
+            if known is None:
+                plan = _plan(st, precision, variants_of[index][0], micro, accum, dp)
+                known = shared_floors[key] = step_time_floor(spec.model, plan, spec.hardware, spec.training)
+            floors[index][position] = known
         return known
 
-    def lowest(family: list[int]) -> float:
-        return min((floor(i, p) for i in family for p in range(len(splits_of[i]))), default=0.0)
+    def lowest(family: tuple[_Structure, list[int]]) -> float:
+        _, members = family
+        return min((floor(i, p) for i in members for p in range(len(splits_of[i]))), default=0.0)
 
     if scope == "choice" and not long_search:
         families.sort(key=lowest)  # stable: ties keep the search's own order
@@ -399,13 +410,11 @@ def _search(
             if long_search:
                 continue  # (4.) the whole family, its probe too
             break  # (4.) and so is every later family
-        for index in family:
+        plain, members = family
+        for index in members:
             st, variants, splits = structures[index], variants_of[index], splits_of[index]
             if not splits:
                 continue
-            plain = replace(
-                st, long_context=replace(LongContext(), sequence_parallel_size=st.long_context.sequence_parallel_size)
-            )
             if long_search:
                 if plain not in probes:
                     tried = _probe(spec, st, splits, partial(price, _leanest(spec, st)))
@@ -430,20 +439,29 @@ def _search(
     return [e for _, e in sorted(found, key=lambda item: item[0])], evaluated
 
 
-def _families(structures: list[_Structure]) -> list[list[int]]:
-    """The indexes of ``structures`` grouped by family (the same structure but for its long-context
-    trick sets), in order: :func:`_structures` generates each family's members together."""
-    families: list[list[int]] = []
-    last = None
+def _families(structures: list[_Structure]) -> list[tuple[_Structure, list[int]]]:
+    """``structures`` grouped by family, each the structure without its long-context trick sets
+    (its Ulysses degree kept) and the indexes of its members, in order: :func:`_structures`
+    generates each family's members together."""
+    families: list[tuple[_Structure, list[int]]] = []
     for index, st in enumerate(structures):
-        family = replace(
-            st, long_context=replace(LongContext(), sequence_parallel_size=st.long_context.sequence_parallel_size)
-        )
-        if family != last:
-            families.append([])
-            last = family
-        families[-1].append(index)
+        sp = st.long_context.sequence_parallel_size
+        if families and _same_family(families[-1][0], st):
+            families[-1][1].append(index)
+        else:
+            families.append((replace(st, long_context=replace(LongContext(), sequence_parallel_size=sp)), [index]))
     return families
+
+
+def _same_family(plain: _Structure, st: _Structure) -> bool:
+    """Whether ``st`` is ``plain`` with some trick set (what a ``replace`` would compare, cheaper)."""
+    return (
+        (plain.stage, plain.offload_optimizer, plain.offload_param, plain.offload_ratio, plain.zeropp)
+        == (st.stage, st.offload_optimizer, st.offload_param, st.offload_ratio, st.zeropp)
+        and plain.checkpointing == st.checkpointing
+        and plain.model_parallel == st.model_parallel
+        and plain.long_context.sequence_parallel_size == st.long_context.sequence_parallel_size
+    )
 
 
 def _plan(st: _Structure, precision: Precision, knobs: ZeroKnobs, micro: int, accum: int, dp: int) -> Plan:
