@@ -322,8 +322,8 @@ def _search(
        which the knobs move) is beyond the band of the fastest so far cannot be chosen, whatever
        its knobs and memory: it is not priced. What this skips is priced the same wherever it is
        kept; what it prices beyond (a split pruning 2 would have skipped after an overflow it no
-       longer saw) cannot fit. NVMe optimizer offload, whose sub-groups shrink after the knobs
-       are chosen, is never skipped.
+       longer saw) cannot fit. The floor reads no knob, so NVMe's sub-groups, shrunk after the
+       knobs are chosen, leave it where it was.
     """
     dp = spec.hardware.world_size
     precision = resolve_precision(spec)
@@ -375,7 +375,7 @@ def _search(
 
     def floor(index: int, position: int) -> float:
         st = structures[index]
-        if scope == "full" or st.offload_optimizer == "nvme":  # NVMe: sub-groups shrink after the knobs
+        if scope == "full":
             return 0.0
         known = floors[index][position]
         if known is None:
