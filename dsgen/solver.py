@@ -330,7 +330,7 @@ def _search(
     splits_by_divisor = _splits_by_degree(spec, global_batch, long_search)
     # (structure without its tricks, micro, accum) -> the trick sets that fit there: a plan with
     # more tricks than one that fits uses less GPU memory but never less time, so it is skipped
-    fitted: dict[tuple[_Structure, int, int], list[LongContext]] = {}
+    fitted: dict[tuple[Family, int, int], list[LongContext]] = {}
     variants_by_stage = {stage: knob_variants(spec.model, stage) for stage in range(4)}
     if next(_structures(spec, long_search), None) is None:
         raise _no_plan_for_pins(spec)
@@ -363,7 +363,7 @@ def _search(
         return chosen
 
     structures = list(_structures(spec, long_search))
-    variants_of = [_knob_variants_for(spec, st, variants_by_stage[st.stage]) for st in structures]
+    variants_of: dict[int, list[ZeroKnobs]] = {}  # each structure's knob variants, once it is priced
     splits_of = [splits_by_divisor.get(st.batch_ranks_divisor, []) for st in structures]
     # (4.) each split's floor, and the families (structures that differ only in their trick sets)
     # lowest floor first. The long-context search, whose floors cost nearly what pricing does,
@@ -388,12 +388,12 @@ def _search(
             key += (st.checkpointing, st.long_context, st.model_parallel, micro, accum)
             known = shared_floors.get(key)
             if known is None:
-                plan = _plan(st, precision, variants_of[index][0], micro, accum, dp)
+                plan = _plan(st, precision, FLOOR_KNOBS, micro, accum, dp)
                 known = shared_floors[key] = step_time_floor(spec.model, plan, spec.hardware, spec.training)
             floors[index][position] = known
         return known
 
-    def lowest(family: tuple[_Structure, list[int]]) -> float:
+    def lowest(family: tuple[Family, list[int]]) -> float:
         _, members = family
         return min((floor(i, p) for i in members for p in range(len(splits_of[i]))), default=0.0)
 
@@ -403,7 +403,7 @@ def _search(
     # 3. (long-context search only) Tricks only lower GPU memory, so when a structure's leanest
     #    trick set does not fit the GPU at its leanest split and knobs, no other set of that
     #    structure and Ulysses degree can: one probe per (structure, degree) decides.
-    probes: dict[_Structure, bool] = {}
+    probes: dict[Family, bool] = {}
     found: list[tuple[tuple[int, int, int], Evaluation]] = []  # (where the full search finds it, plan)
     for family in families:
         if scope == "choice" and beyond_s < float("inf") and lowest(family) > beyond_s:
@@ -412,9 +412,10 @@ def _search(
             break  # (4.) and so is every later family
         plain, members = family
         for index in members:
-            st, variants, splits = structures[index], variants_of[index], splits_of[index]
+            st, splits = structures[index], splits_of[index]
             if not splits:
                 continue
+            variants = variants_of.setdefault(index, _knob_variants_for(spec, st, variants_by_stage[st.stage]))
             if long_search:
                 if plain not in probes:
                     tried = _probe(spec, st, splits, partial(price, _leanest(spec, st)))
@@ -439,29 +440,39 @@ def _search(
     return [e for _, e in sorted(found, key=lambda item: item[0])], evaluated
 
 
-def _families(structures: list[_Structure]) -> list[tuple[_Structure, list[int]]]:
-    """``structures`` grouped by family, each the structure without its long-context trick sets
-    (its Ulysses degree kept) and the indexes of its members, in order: :func:`_structures`
-    generates each family's members together."""
-    families: list[tuple[_Structure, list[int]]] = []
+#: The knobs a floor is priced with: it reads none (:func:`dsgen.estimate.throughput.step_time_floor`).
+FLOOR_KNOBS = ZeroKnobs()
+
+#: A family of structures: the same structure but for its long-context trick sets (its stage,
+#: offloads, ZeRO++, checkpointing, AutoTP/AutoEP layout and Ulysses degree).
+Family = tuple[object, ...]
+
+
+def _family(st: _Structure) -> Family:
+    sp = st.long_context.sequence_parallel_size
+    return (
+        st.stage,
+        st.offload_optimizer,
+        st.offload_param,
+        st.offload_ratio,
+        st.zeropp,
+        st.checkpointing,
+        st.model_parallel,
+        sp,
+    )
+
+
+def _families(structures: list[_Structure]) -> list[tuple[Family, list[int]]]:
+    """The indexes of ``structures`` grouped by family, in order: :func:`_structures` generates
+    each family's members together."""
+    families: list[tuple[Family, list[int]]] = []
     for index, st in enumerate(structures):
-        sp = st.long_context.sequence_parallel_size
-        if families and _same_family(families[-1][0], st):
+        family = _family(st)
+        if families and families[-1][0] == family:
             families[-1][1].append(index)
         else:
-            families.append((replace(st, long_context=replace(LongContext(), sequence_parallel_size=sp)), [index]))
+            families.append((family, [index]))
     return families
-
-
-def _same_family(plain: _Structure, st: _Structure) -> bool:
-    """Whether ``st`` is ``plain`` with some trick set (what a ``replace`` would compare, cheaper)."""
-    return (
-        (plain.stage, plain.offload_optimizer, plain.offload_param, plain.offload_ratio, plain.zeropp)
-        == (st.stage, st.offload_optimizer, st.offload_param, st.offload_ratio, st.zeropp)
-        and plain.checkpointing == st.checkpointing
-        and plain.model_parallel == st.model_parallel
-        and plain.long_context.sequence_parallel_size == st.long_context.sequence_parallel_size
-    )
 
 
 def _plan(st: _Structure, precision: Precision, knobs: ZeroKnobs, micro: int, accum: int, dp: int) -> Plan:
