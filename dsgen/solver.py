@@ -323,7 +323,8 @@ def _search(
        its knobs and memory: it is not priced. What this skips is priced the same wherever it is
        kept; what it prices beyond (a split pruning 2 would have skipped after an overflow it no
        longer saw) cannot fit. The floor reads no knob, so NVMe's sub-groups, shrunk after the
-       knobs are chosen, leave it where it was.
+       knobs are chosen, leave it where it was. Not in the long-context search, whose floors
+       cost nearly what pricing does (measured: no faster).
     """
     dp = spec.hardware.world_size
     precision = resolve_precision(spec)
@@ -366,17 +367,15 @@ def _search(
     variants_of: dict[int, list[ZeroKnobs]] = {}  # each structure's knob variants, once it is priced
     splits_of = [splits_by_divisor.get(st.batch_ranks_divisor, []) for st in structures]
     # (4.) each split's floor, and the families (structures that differ only in their trick sets)
-    # lowest floor first. The long-context search, whose floors cost nearly what pricing does,
-    # takes its families as generated and floors a split only once a plan fits; the full search
-    # floors nothing.
+    # lowest floor first. Not in the long-context search: its floors cost nearly what pricing
+    # does, and most of what it prices cannot fit anyway (measured: slower than pricing it all).
+    pruning = scope == "choice" and not long_search
     families = _families(structures)
     floors: list[list[float | None]] = [[None] * len(splits) for splits in splits_of]
     shared_floors: dict[tuple[object, ...], float] = {}  # structures that differ in what no floor reads
 
     def floor(index: int, position: int) -> float:
         st = structures[index]
-        if scope == "full":
-            return 0.0
         known = floors[index][position]
         if known is None:
             micro, accum = splits_of[index][position]
@@ -397,7 +396,7 @@ def _search(
         _, members = family
         return min((floor(i, p) for i in members for p in range(len(splits_of[i]))), default=0.0)
 
-    if scope == "choice" and not long_search:
+    if pruning:
         families.sort(key=lowest)  # stable: ties keep the search's own order
 
     # 3. (long-context search only) Tricks only lower GPU memory, so when a structure's leanest
@@ -406,9 +405,7 @@ def _search(
     probes: dict[Family, bool] = {}
     found: list[tuple[tuple[int, int, int], Evaluation]] = []  # (where the full search finds it, plan)
     for family in families:
-        if scope == "choice" and beyond_s < float("inf") and lowest(family) > beyond_s:
-            if long_search:
-                continue  # (4.) the whole family, its probe too
+        if pruning and beyond_s < float("inf") and lowest(family) > beyond_s:
             break  # (4.) and so is every later family
         plain, members = family
         for index in members:
@@ -429,7 +426,7 @@ def _search(
                     continue
                 if any(tricks_within(done, st.long_context) for done in fitted.get((plain, micro, accum), ())):
                     continue
-                if beyond_s < float("inf") and floor(index, position) > beyond_s:  # (4.)
+                if pruning and beyond_s < float("inf") and floor(index, position) > beyond_s:  # (4.)
                     continue
                 chosen = price_split(st, variants, micro, accum, overflowed)
                 found.append(((index, position, 0), chosen))
