@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
+from operator import attrgetter
 from typing import Any
 
 from dsgen.units import FP32, HALF
@@ -292,6 +294,39 @@ def zeropp_dict(plan: Plan) -> dict[str, Any]:
         "quantized_weights": k.quantized_weights,
         "quantized_gradients": k.quantized_gradients,
     }
+
+
+#: The simplest value of each required :class:`Plan` field but the precision: no ZeRO, offload or
+#: recomputation, one sequence, one step, one rank (the others default to their simplest).
+SIMPLEST: dict[str, Any] = {
+    "zero_stage": 0,
+    "offload_optimizer": "none",
+    "offload_param": "none",
+    "checkpointing": "none",
+    "micro_batch_size": 1,
+    "gradient_accumulation_steps": 1,
+    "data_parallel_size": 1,
+}
+
+
+def simplest_plan(precision: Precision, **fields: Any) -> Plan:
+    """The plan with ``fields`` set and every other field at its simplest: what a term memoised
+    on ``fields`` prices on a miss, so its result depends on its key alone."""
+    return Plan(precision=precision, **{**SIMPLEST, **fields})
+
+
+class PlanFields:
+    """The plan fields a memoised term reads, written once: the key it is cached on (:meth:`key`,
+    a tuple in this order) and the fields of the plan it prices on a miss (:meth:`values`, for
+    :func:`simplest_plan`), so the two cannot drift apart."""
+
+    def __init__(self, *names: str) -> None:
+        assert "precision" in names and len(names) > 1  # attrgetter gives a tuple for several
+        self.names = names
+        self.key: Callable[[Plan], tuple[Any, ...]] = attrgetter(*names)
+
+    def values(self, plan: Plan) -> dict[str, Any]:
+        return {name: getattr(plan, name) for name in self.names}
 
 
 def plan_dict(plan: Plan) -> dict[str, Any]:

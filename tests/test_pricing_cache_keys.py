@@ -13,7 +13,7 @@ knob, micro-batch, accumulation, checkpointing, precision, offload ratio, long-c
 compares each recorded result with the uncached function the wrapper stands for, called directly
 with the real plan. Both are the same code on the same inputs, so they must be equal to the bit.
 
-The wrappers (found by grepping dsgen/estimate for ``memo_tables``, ``lru_cache`` and ``Plan(``,
+The wrappers (found by grepping dsgen/estimate for ``memo_tables``, ``lru_cache`` and ``simplest_plan(``,
 the rebuilt plans) and what each stands for:
 
 - ``memory._layout_terms``            -> ``memory._price_layout``
@@ -54,7 +54,7 @@ import pytest
 from dsgen.estimate import memory, model_states, sequence_parallel, throughput
 from dsgen.evaluation import evaluate
 from dsgen.global_batch import global_batch_target
-from dsgen.plan import ModelParallel, Plan, ZeroKnobs
+from dsgen.plan import ModelParallel, Plan, ZeroKnobs, simplest_plan
 from dsgen.solver import _search
 from dsgen.spec.loader import load_spec_text
 from dsgen.spec.types import Spec
@@ -516,12 +516,12 @@ def _record_one(name: str) -> list[Call]:
 
 
 def _forgetting(field_name: str) -> Callable[..., Plan]:
-    """A ``Plan`` constructor that drops ``field_name``: the rebuilt plan then carries its default,
+    """A ``simplest_plan`` that drops ``field_name``: the rebuilt plan then carries its default,
     as when a wrapper's key (and rebuilt plan) leaves out a field its function reads."""
 
-    def build(**kwargs: Any) -> Plan:
+    def build(precision: Any, **kwargs: Any) -> Plan:
         kwargs.pop(field_name, None)
-        return Plan(**kwargs)
+        return simplest_plan(precision, **kwargs)
 
     return build
 
@@ -541,7 +541,7 @@ def test_the_guard_sees_a_field_the_rebuilt_plan_drops(
     monkeypatch: pytest.MonkeyPatch, module: ModuleType, field_name: str, spec: str, caught: set[str]
 ) -> None:
     clear_pricing_caches()
-    monkeypatch.setattr(module, "Plan", _forgetting(field_name))
+    monkeypatch.setattr(module, "simplest_plan", _forgetting(field_name))
     try:  # the direct functions run under the fault too, as they would with the bug in dsgen
         calls = _record_one(spec)
         flagged = {term.name for term in TERMS if mismatches(calls, term)}

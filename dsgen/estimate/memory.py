@@ -26,7 +26,7 @@ from dsgen.estimate.sharding import rank_shape
 from dsgen.estimate.trainable import ParameterSplit, largest_dequantized, parameter_split
 from dsgen.estimate.zero3_moe import backward_held_elements
 from dsgen.estimate.zero12_offload import offload_write_back_copy, zero12_pinned_rounding, zero12_staging_bytes
-from dsgen.plan import ModelParallel, Plan, ZeroKnobs
+from dsgen.plan import ModelParallel, Plan, PlanFields, ZeroKnobs, simplest_plan
 from dsgen.spec.types import Hardware, Optimizer, Training
 from dsgen.units import FP32, GIB
 from dsgen.vocabulary import ACCOUNTINGS, Accounting, Checkpointing, Precision, StepPhase
@@ -518,14 +518,10 @@ def _zero_buffer_bytes(
     """:func:`buffer_bytes` of the rank's model ``local``, memoised on the plan fields it reads (the
     checkpointing mode and AutoEP only through ZeRO-3's MoE term, dsgen.estimate.zero3_moe); the
     plan priced has the others at their simplest."""
-    plan = Plan(
-        precision=precision,
+    plan = simplest_plan(
+        precision,
         zero_stage=zero_stage,
-        offload_optimizer="none",
-        offload_param="none",
         checkpointing=checkpointing,
-        micro_batch_size=1,
-        gradient_accumulation_steps=1,
         data_parallel_size=expert_parallel_size,
         knobs=knobs,
         model_parallel=ModelParallel(expert_parallel_size=expert_parallel_size),
@@ -552,6 +548,16 @@ class _LayoutTerms:
 
 #: The ``_LayoutTerms`` of each spec (the identities of its shape, hardware and training), by layout.
 _layout_tables = memo_tables(maxsize=16)
+_LAYOUT_FIELDS = PlanFields(
+    "precision",
+    "zero_stage",
+    "offload_optimizer",
+    "offload_param",
+    "offload_ratio",
+    "knobs",
+    "model_parallel",
+    "data_parallel_size",
+)
 
 
 def _layout_terms(
@@ -566,34 +572,11 @@ def _layout_terms(
     prices every micro-batch, accumulation and long-context variant of a layout, and they share
     these. The plan priced leaves the fields outside the key at their simplest."""
     table = _layout_tables(shape, hardware, training)
-    key = (
-        accounting,
-        trainer_saves_model,
-        plan.precision,
-        plan.zero_stage,
-        plan.offload_optimizer,
-        plan.offload_param,
-        plan.offload_ratio,
-        plan.knobs,
-        plan.model_parallel,
-        plan.data_parallel_size,
-        plan.gradient_accumulation_steps > 1,
-    )
+    accumulates = plan.gradient_accumulation_steps > 1
+    key = (accounting, trainer_saves_model, *_LAYOUT_FIELDS.key(plan), accumulates)
     terms = table.get(key)
     if terms is None:
-        layout = Plan(
-            precision=plan.precision,
-            zero_stage=plan.zero_stage,
-            offload_optimizer=plan.offload_optimizer,
-            offload_param=plan.offload_param,
-            checkpointing="none",
-            micro_batch_size=1,
-            gradient_accumulation_steps=2 if plan.gradient_accumulation_steps > 1 else 1,
-            data_parallel_size=plan.data_parallel_size,
-            knobs=plan.knobs,
-            offload_ratio=plan.offload_ratio,
-            model_parallel=plan.model_parallel,
-        )
+        layout = simplest_plan(**_LAYOUT_FIELDS.values(plan), gradient_accumulation_steps=2 if accumulates else 1)
         terms = table[key] = _price_layout(shape, layout, hardware, training, accounting, trainer_saves_model)
     return terms
 

@@ -56,7 +56,7 @@ from dsgen.estimate.parameter_layout import parameter_shapes, parameter_tensors,
 from dsgen.estimate.sharding import rank_split
 from dsgen.estimate.swap_buffers import nvme_buffers
 from dsgen.estimate.trainable import FrozenBytes, ParameterSplit, frozen_bytes, full_split
-from dsgen.plan import ModelParallel, Plan, ZeroKnobs
+from dsgen.plan import ModelParallel, Plan, ZeroKnobs, simplest_plan
 from dsgen.units import FP32
 from dsgen.vocabulary import OffloadDevice, Precision
 
@@ -350,13 +350,11 @@ def _model_states(
     checkpointing mode or the long-context choices, and of the accumulation steps only whether
     there are several (ZeRO-2's second gradient buffer, its offload's host accumulators), so the
     plan priced is the one with those left at their simplest."""
-    plan = Plan(
-        precision=precision,
+    plan = simplest_plan(
+        precision,
         zero_stage=zero_stage,
         offload_optimizer=offload_optimizer,
         offload_param=offload_param,
-        checkpointing="none",
-        micro_batch_size=1,
         gradient_accumulation_steps=2 if accumulates else 1,
         data_parallel_size=data_parallel_size,
         knobs=knobs,

@@ -42,7 +42,7 @@ from dsgen.estimate.activations import (
 )
 from dsgen.estimate.layer_backward import layer_backward_bytes, loss_backward_bytes, mlp_saved_bytes
 from dsgen.estimate.layer_forward import layer_forward_bytes
-from dsgen.plan import LongContext, Plan
+from dsgen.plan import LongContext, Plan, simplest_plan
 from dsgen.spec.types import Training
 from dsgen.units import FP32, GIB
 from dsgen.vocabulary import Checkpointing, Precision
@@ -183,14 +183,10 @@ def _long_context_memory(
     (stage, knobs, offloads, accumulation, data and model parallelism: the rank's ``shape``
     already says what AutoTP/AutoEP leave it) at their simplest, as none of them is read here; of
     the training section, the sequence length, the attention kernel and Liger."""
-    plan = Plan(
-        precision=precision,
-        zero_stage=0,
-        offload_optimizer="none",
-        offload_param="none",
+    plan = simplest_plan(
+        precision,
         checkpointing=checkpointing,
         micro_batch_size=micro_batch_size,
-        gradient_accumulation_steps=1,
         data_parallel_size=long_context.sequence_parallel_size,
         long_context=long_context,
     )

@@ -26,7 +26,7 @@ from dsgen.estimate.optimizers import flat_state_bytes
 from dsgen.estimate.sequence_parallel_time import long_context_time
 from dsgen.estimate.sharding import rank_shape
 from dsgen.estimate.trainable import parameter_split
-from dsgen.plan import Plan
+from dsgen.plan import Plan, PlanFields, simplest_plan
 from dsgen.spec.types import Hardware, Training
 from dsgen.units import FP32
 
@@ -186,26 +186,12 @@ def _model_parallel_s(shape: ModelShape, plan: Plan, hardware: Hardware, trainin
     efficiency and latencies, memoised per spec on the plan fields it reads: the solver prices
     each micro-batch and accumulation of a layout under every ZeRO stage, knob and offload."""
     table = _model_parallel_tables(shape, hardware, training)
-    key = (
-        plan.precision,
-        plan.micro_batch_size,
-        plan.gradient_accumulation_steps,
-        plan.checkpointing,
-        plan.model_parallel,
-    )
+    key = _MODEL_PARALLEL_FIELDS.key(plan)
     seconds = table.get(key)
     if seconds is None:
-        layout = Plan(
-            precision=plan.precision,
-            zero_stage=0,
-            offload_optimizer="none",
-            offload_param="none",
-            checkpointing=plan.checkpointing,
-            micro_batch_size=plan.micro_batch_size,
-            gradient_accumulation_steps=plan.gradient_accumulation_steps,
-            data_parallel_size=plan.model_parallel.tensor_parallel_size * plan.model_parallel.expert_parallel_size,
-            model_parallel=plan.model_parallel,
-        )
+        mp = plan.model_parallel
+        dp = mp.tensor_parallel_size * mp.expert_parallel_size
+        layout = simplest_plan(**_MODEL_PARALLEL_FIELDS.values(plan), data_parallel_size=dp)
         seconds = table[key] = model_parallel_comm_s(
             shape, layout, hardware, training, COLLECTIVE_EFFICIENCY, COLLECTIVE_LATENCY_S
         )
@@ -324,6 +310,27 @@ def exposed_communication_s(
 _communication_tables = memo_tables()
 _offload_tables = memo_tables()
 _model_parallel_tables = memo_tables()
+_COMMUNICATION_FIELDS = PlanFields(
+    "precision",
+    "zero_stage",
+    "gradient_accumulation_steps",
+    "checkpointing",
+    "knobs",
+    "model_parallel",
+    "data_parallel_size",
+)
+_OFFLOAD_FIELDS = PlanFields(
+    "precision",
+    "offload_optimizer",
+    "offload_param",
+    "offload_ratio",
+    "gradient_accumulation_steps",
+    "model_parallel",
+    "data_parallel_size",
+)
+_MODEL_PARALLEL_FIELDS = PlanFields(
+    "precision", "micro_batch_size", "gradient_accumulation_steps", "checkpointing", "model_parallel"
+)
 
 
 def _communication_terms(
@@ -334,30 +341,10 @@ def _communication_terms(
     and offload of one ZeRO layout, none of which these read, so the plan priced has them (and the
     long-context choices) at their simplest. Launch latency is 0 for a single ZeRO rank (unused)."""
     table = _communication_tables(shape, hardware)
-    key = (
-        trained,
-        plan.precision,
-        plan.zero_stage,
-        plan.gradient_accumulation_steps,
-        plan.checkpointing,
-        plan.knobs,
-        plan.model_parallel,
-        plan.data_parallel_size,
-    )
+    key = (trained, *_COMMUNICATION_FIELDS.key(plan))
     terms = table.get(key)
     if terms is None:
-        layout = Plan(
-            precision=plan.precision,
-            zero_stage=plan.zero_stage,
-            offload_optimizer="none",
-            offload_param="none",
-            checkpointing=plan.checkpointing,
-            micro_batch_size=1,
-            gradient_accumulation_steps=plan.gradient_accumulation_steps,
-            data_parallel_size=plan.data_parallel_size,
-            knobs=plan.knobs,
-            model_parallel=plan.model_parallel,
-        )
+        layout = simplest_plan(**_COMMUNICATION_FIELDS.values(plan))
         overlappable, blocking = communication_s(shape, layout, hardware, trained)
         latency = collective_latency_s(shape, layout, hardware) if layout.zero_ranks > 1 else 0.0
         terms = table[key] = (overlappable, blocking, hook_s(shape, layout), latency)
@@ -509,32 +496,12 @@ def offload_s(
     if plan.offload_optimizer == "none" and plan.offload_param == "none":
         return 0.0  # what the sum below starts from (most candidates offload nothing)
     table = _offload_tables(shape, hardware, training)
-    key = (
-        trained,
-        plan.precision,
-        plan.offload_optimizer,
-        plan.offload_param,
-        plan.offload_ratio,
-        plan.gradient_accumulation_steps,
-        plan.model_parallel,
-        plan.data_parallel_size,
-    )
+    key = (trained, *_OFFLOAD_FIELDS.key(plan))
     seconds = table.get(key)
     if seconds is None:
         # memoised per spec: the solver prices each offload under many micro-batches, stages and
         # knobs, none of which this reads; the plan priced has them at their simplest
-        layout = Plan(
-            precision=plan.precision,
-            zero_stage=0,
-            offload_optimizer=plan.offload_optimizer,
-            offload_param=plan.offload_param,
-            checkpointing="none",
-            micro_batch_size=1,
-            gradient_accumulation_steps=plan.gradient_accumulation_steps,
-            data_parallel_size=plan.data_parallel_size,
-            offload_ratio=plan.offload_ratio,
-            model_parallel=plan.model_parallel,
-        )
+        layout = simplest_plan(**_OFFLOAD_FIELDS.values(plan))
         seconds = table[key] = _offload_s(shape, layout, hardware, training, trained)
     return seconds
 
