@@ -28,15 +28,13 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import re
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from pricing_identity import generated_specs, plan_from, solver_section  # bench/pricing_identity.py
+from solve_speed import instructions  # bench/solve_speed.py: callgrind's count of one run
 
 from dsgen.api import load_spec
 from dsgen.evaluation import evaluate
@@ -67,25 +65,13 @@ def fixed_list(plans_file: Path | None, specs: dict[str, Spec], every: int = 1) 
     return pairs
 
 
-def instructions(argv: list[str]) -> int:
-    """Instructions one run of ``argv`` executes, counted by callgrind."""
-    valgrind = shutil.which("valgrind")
-    if valgrind is None:
-        raise SystemExit("--instructions needs valgrind")
-    done = subprocess.run(
-        [valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv], capture_output=True, text=True
-    )
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    if done.returncode != 0 or found is None:
-        raise SystemExit(f"callgrind on {' '.join(argv)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
-    return int(found.group(1))
-
-
 def count_instructions(plans: Path, every: int, candidates: int) -> None:
     """Instructions per ``evaluate`` call: one cold pass less the same process without it."""
     base = [sys.executable, __file__, "--plans", str(plans), "--every", str(every)]
     without = instructions([*base, "--passes", "0"])
     with_pass = instructions([*base, "--passes", "1"])
+    if without is None or with_pass is None:
+        raise SystemExit("--instructions needs valgrind")
     print(f"{(with_pass - without) / candidates:,.0f} instructions per evaluate() (callgrind, cold pass)")
 
 

@@ -169,9 +169,8 @@ def usable_bytes(spec: Spec) -> tuple[int, int]:
     )
 
 
-def evaluate(spec: Spec, plan: Plan, accounting: Accounting = "dsgen", step: StepTime | None = None) -> Evaluation:
-    """Price one plan against the spec's hardware (``accounting``: see ``estimate_memory``);
-    ``step``: its step time, where the caller priced it already (the solver's pruning 4)."""
+def evaluate(spec: Spec, plan: Plan, accounting: Accounting = "dsgen") -> Evaluation:
+    """Price one plan against the spec's hardware (``accounting``: see ``estimate_memory``)."""
     hardware = spec.hardware
     memory = estimate_memory(
         spec.model,
@@ -182,7 +181,7 @@ def evaluate(spec: Spec, plan: Plan, accounting: Accounting = "dsgen", step: Ste
         logits_released=spec.output.logits_released,
         trainer_saves_model=spec.output.trainer_saves_model,
     )
-    step = step if step is not None else estimate_step_time(spec.model, plan, hardware, spec.training)
+    step = estimate_step_time(spec.model, plan, hardware, spec.training)
     usable_gpu, usable_cpu = usable_bytes(spec)
     return Evaluation(
         plan=plan,

@@ -182,7 +182,7 @@ def _release_note(release: str) -> str:
     return "" if release == spec_default("training.deepspeed_version") else f", DeepSpeed {release}"
 
 
-def tie_band_note() -> str:
+def ranking_note() -> str:
     """How ``solve --top`` orders plans (dsgen.ranking), and where its band comes from."""
     return (
         f"ranked by dsgen's rule (docs/how-dsgen-chooses.md): a plan slower and larger than another never goes "
@@ -246,7 +246,7 @@ def ranked_table(result: SolveResult, top: int) -> str:
     ]
     text_columns = {2, 3} | {4 + i for i, (name, _) in enumerate(varying) if name in ("ALST", "zero++")}
     right = set(range(len(header))) - text_columns
-    table = tie_band_note() + "\n\n" + text_table(header, rows, right=right)
+    table = ranking_note() + "\n\n" + text_table(header, rows, right=right)
     if not rows:
         return table + "\n    (no feasible plan)"
     return table + f"\n\n#1: {decided_by(result.ranked, spec.model)}"

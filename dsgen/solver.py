@@ -364,32 +364,27 @@ def _search(
         return chosen
 
     structures = list(_structures(spec, long_search))
-    variants_of: dict[int, list[ZeroKnobs]] = {}  # each structure's knob variants, once it is priced
     splits_of = [splits_by_divisor.get(st.batch_ranks_divisor, []) for st in structures]
     # (4.) each split's floor, and the families (structures that differ only in their trick sets)
     # lowest floor first. Not in the long-context search: its floors cost nearly what pricing
     # does, and most of what it prices cannot fit anyway (measured: slower than pricing it all).
     pruning = scope == "choice" and not long_search
     families = _families(structures)
-    floors: list[list[float | None]] = [[None] * len(splits) for splits in splits_of]
-    shared_floors: dict[tuple[object, ...], float] = {}  # structures that differ in what no floor reads
+    floors: dict[tuple[object, ...], float] = {}  # shared by structures that differ in what no floor reads
 
     def floor(index: int, position: int) -> float:
         st = structures[index]
-        known = floors[index][position]
+        micro, accum = splits_of[index][position]
+        # the fields the floor reads: below ZeRO-3 the stage moves it only through offload and the
+        # long-context terms (ZeRO-3's hooks slow compute), the knobs never
+        offloads = st.offload_optimizer != "none" or st.offload_param != "none"
+        stage = st.stage if offloads or st.long_context.active else st.stage == 3
+        key: tuple[object, ...] = (stage, st.offload_optimizer, st.offload_param, st.offload_ratio)
+        key += (st.checkpointing, st.long_context, st.model_parallel, micro, accum)
+        known = floors.get(key)
         if known is None:
-            micro, accum = splits_of[index][position]
-            # the fields the floor reads: below ZeRO-3 the stage moves it only through offload
-            # and the long-context terms (ZeRO-3's hooks slow compute), the knobs never
-            offloads = st.offload_optimizer != "none" or st.offload_param != "none"
-            stage = st.stage if offloads or st.long_context.active else st.stage == 3
-            key: tuple[object, ...] = (stage, st.offload_optimizer, st.offload_param, st.offload_ratio)
-            key += (st.checkpointing, st.long_context, st.model_parallel, micro, accum)
-            known = shared_floors.get(key)
-            if known is None:
-                plan = _plan(st, precision, FLOOR_KNOBS, micro, accum, dp)
-                known = shared_floors[key] = step_time_floor(spec.model, plan, spec.hardware, spec.training)
-            floors[index][position] = known
+            plan = _plan(st, precision, FLOOR_KNOBS, micro, accum, dp)
+            known = floors[key] = step_time_floor(spec.model, plan, spec.hardware, spec.training)
         return known
 
     def lowest(family: tuple[Family, list[int]]) -> float:
@@ -405,14 +400,14 @@ def _search(
     probes: dict[Family, bool] = {}
     found: list[tuple[tuple[int, int, int], Evaluation]] = []  # (where the full search finds it, plan)
     for family in families:
-        if pruning and beyond_s < float("inf") and lowest(family) > beyond_s:
+        if pruning and lowest(family) > beyond_s:
             break  # (4.) and so is every later family
         plain, members = family
         for index in members:
             st, splits = structures[index], splits_of[index]
             if not splits:
                 continue
-            variants = variants_of.setdefault(index, _knob_variants_for(spec, st, variants_by_stage[st.stage]))
+            variants = _knob_variants_for(spec, st, variants_by_stage[st.stage])
             if long_search:
                 if plain not in probes:
                     tried = _probe(spec, st, splits, partial(price, _leanest(spec, st)))
@@ -426,7 +421,7 @@ def _search(
                     continue
                 if any(tricks_within(done, st.long_context) for done in fitted.get((plain, micro, accum), ())):
                     continue
-                if pruning and beyond_s < float("inf") and floor(index, position) > beyond_s:  # (4.)
+                if pruning and floor(index, position) > beyond_s:  # (4.)
                     continue
                 chosen = price_split(st, variants, micro, accum, overflowed)
                 found.append(((index, position, 0), chosen))

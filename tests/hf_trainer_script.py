@@ -65,17 +65,8 @@ def main() -> int:
     trainer.train()
     if probe is not None:
         probe.write(cli.probe_save / f"rank{args.process_index}.json")
-    engine = trainer.model_wrapped
     if args.process_index == 0:
-        record = {
-            "global_step": trainer.state.global_step,
-            "world_size": args.world_size,
-            "zero_stage": engine.zero_optimization_stage(),
-            "train_batch_size": engine.train_batch_size(),
-            "micro": engine.train_micro_batch_size_per_gpu(),
-            "accumulation": engine.gradient_accumulation_steps(),
-        }
-        rank_reports.write("DSGEN_TRAINER", args.process_index, record)
+        rank_reports.write("DSGEN_TRAINER", args.process_index, rank_reports.trainer_record(trainer))
     # The Trainer never tears down the process group it started. Left alive, gloo's worker threads
     # still hold work objects (with tensors) when the interpreter finalizes; freeing those then
     # needs the GIL of an interpreter that is going away, and the rank dies with "terminate called

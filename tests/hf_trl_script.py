@@ -85,18 +85,9 @@ def main() -> int:
         model=model, args=args, train_dataset=data, processing_class=tokenizer, peft_config=peft_config
     )
     trainer.train()
-    engine = trainer.model_wrapped
     if args.process_index == 0:
         trained = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
-        record = {
-            "global_step": trainer.state.global_step,
-            "world_size": args.world_size,
-            "zero_stage": engine.zero_optimization_stage(),
-            "train_batch_size": engine.train_batch_size(),
-            "micro": engine.train_micro_batch_size_per_gpu(),
-            "accumulation": engine.gradient_accumulation_steps(),
-            "trained": trained,
-        }
+        record = {**rank_reports.trainer_record(trainer), "trained": trained}
         rank_reports.write("DSGEN_TRL", args.process_index, record)
     trainer.accelerator.wait_for_everyone()  # see hf_trainer_script.py: tear the group down while Python is whole
     trainer.accelerator.end_training()

@@ -93,3 +93,17 @@ def read(cwd: Path, kind: str) -> list[dict[str, Any]]:
             if match and match["kind"] == kind:
                 found.append((int(match["rank"]), path))
     return [record for _, path in sorted(found) for record in parse_lines(path.read_text(encoding="utf-8"))]
+
+
+def trainer_record(trainer: Any) -> dict[str, Any]:
+    """What an HF Trainer (or TRL trainer) ran, as its DeepSpeed engine holds it: the steps taken
+    and the batch DeepSpeed checked (the launched scripts' report; duck-typed, nothing imported)."""
+    engine = trainer.model_wrapped
+    return {
+        "global_step": trainer.state.global_step,
+        "world_size": trainer.args.world_size,
+        "zero_stage": engine.zero_optimization_stage(),
+        "train_batch_size": engine.train_batch_size(),
+        "micro": engine.train_micro_batch_size_per_gpu(),
+        "accumulation": engine.gradient_accumulation_steps(),
+    }
