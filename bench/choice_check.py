@@ -6,10 +6,12 @@ LoRA and QLoRA, SFT, DPO and GRPO, and one pinned constraint key in most of them
 checks:
 
 * **dominance**: no feasible plan the search priced is no slower and no larger (GPU peak, host
-  peak) than the chosen plan and better in one; counted both over every plan and over the plans of
+  peak) than the chosen plan and better in one (:func:`beats`, compared here on the predicted
+  numbers, not with dsgen's own ranking code); counted both over every plan and over the plans of
   the chosen plan's layout (AutoTP, AutoEP, Ulysses degree) that offload no more (the acceptance);
-* **pins**: the chosen plan carries every pinned value (``dsgen.solver.unmet_pins``), or the solve
-  ends in a ``DsgenError`` whose key path or message names the pinned key;
+* **pins**: the chosen plan, as the output contract writes it (``plan_dict``: the ``plan`` object
+  of ``solve --json``), carries the pinned value (:func:`pin_held`), or the solve ends in a
+  ``DsgenError`` whose key path or message names the pinned key;
 * **pruning**: the choice-only search (``scope="choice"``, what ``new`` and ``sweep`` run) gives the
   same chosen plan, or closest miss, as the full search, and how many candidates each priced;
 * **changes**: the plan the rule before issue 48 would have chosen among the same feasible plans
@@ -36,8 +38,9 @@ from dsgen.errors import DsgenError
 from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
 from dsgen.evaluation import Evaluation
 from dsgen.knob_variants import default_knobs
-from dsgen.ranking import dominates, has_room, moving_parts, rank_key, simplicity_key
-from dsgen.solver import SolveResult, unmet_pins
+from dsgen.plan import plan_dict
+from dsgen.ranking import has_room, moving_parts, rank_key, simplicity_key
+from dsgen.solver import SolveResult
 
 DENSE = ["gpt2-xl", "llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b", "mistral-7b", "qwen2.5-7b", "qwen2.5-14b"]
 DENSE += ["gemma-2-9b", "phi-3-mini", "llama-3.1-70b"]
@@ -121,12 +124,29 @@ def _offloads(e: Evaluation) -> tuple[int, int, float]:
     return (p.offload_param != "none", p.offload_optimizer != "none", ratio)
 
 
+def beats(a: Evaluation, b: Evaluation) -> bool:
+    """``a`` is no slower and no larger (GPU peak, host peak) than ``b``, and better in one."""
+    mine = (a.step.total_s, a.memory.gpu.total, a.memory.cpu.total)
+    theirs = (b.step.total_s, b.memory.gpu.total, b.memory.cpu.total)
+    return all(x <= y for x, y in zip(mine, theirs, strict=True)) and mine != theirs
+
+
+def pin_held(key: str, value: Any, plan: dict[str, Any]) -> bool:
+    """Whether the output contract's ``plan`` object carries the pinned ``constraints.key: value``."""
+    if key == "zeropp":
+        on = (plan["zeropp"]["hpz_partition_size"] > 1, plan["zeropp"]["quantized_weights"])
+        return on == {"none": (False, False), "hpz": (True, False), "full": (True, True)}[value]
+    if key == "seq_parallel_communication_data_type" and plan["sequence_parallel_size"] == 1:
+        return True  # DeepSpeed reads it only under Ulysses
+    return bool(plan[key] == value)
+
+
 def dominated_by(chosen: Evaluation, ranked: tuple[Evaluation, ...], same_layout: bool) -> list[Evaluation]:
     """The feasible plans that dominate ``chosen`` (of its layout, offloading no more, if asked)."""
     return [
         e
         for e in ranked
-        if dominates(e, chosen)
+        if beats(e, chosen)
         and (not same_layout or (_layout(e) == _layout(chosen) and _offloads(e) <= _offloads(chosen)))
     ]
 
@@ -160,7 +180,7 @@ def check(spec_doc: dict[str, Any]) -> dict[str, Any]:
     return {
         "status": "ok",
         "pin": pinned,
-        "unmet": unmet_pins(result.spec, best.plan),
+        "unmet": pinned is not None and not pin_held(pinned, spec_doc["constraints"][pinned], plan_dict(best.plan)),
         "dominated_any": len(dominated_by(best, ranked, same_layout=False)),
         "dominated_layout": len(dominated_by(best, ranked, same_layout=True)),
         "changed": old is not best and old.plan != best.plan,
