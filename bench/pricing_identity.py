@@ -180,6 +180,11 @@ def evaluation_record(evaluation: Evaluation) -> dict[str, Any]:
     record = _plain(evaluation)
     for name in NOT_PRICING:
         record.pop(name, None)
+    # the inputs the step time is priced from (the spec's model, hardware and training) are not
+    # a priced number, and the step time, priced when first asked for, is recorded as the field it was
+    record.pop("priced_on", None)
+    record.pop("given_step", None)
+    record["step"] = record.pop("@step")
     record["shortfall()"] = repr(evaluation.shortfall())
     record["describe()"] = evaluation.plan.describe()
     return record

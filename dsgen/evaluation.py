@@ -7,12 +7,14 @@ numbers and its verdict are computed in one place.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
+from dsgen.catalog.model_shape import ModelShape
 from dsgen.estimate.kernel_limits import kernel_limit
 from dsgen.estimate.memory import HOST_RESERVE, MemoryEstimate, estimate_memory
 from dsgen.estimate.throughput import StepTime, estimate_step_time
 from dsgen.plan import Plan
-from dsgen.spec.types import Spec
+from dsgen.spec.types import Hardware, Spec, Training
 from dsgen.units import gib
 from dsgen.verdict import FitVerdict, classify, invalid
 from dsgen.vocabulary import Accounting
@@ -20,16 +22,27 @@ from dsgen.vocabulary import Accounting
 
 @dataclass(frozen=True)  # one per candidate plan
 class Evaluation:
-    """One candidate plan with its predicted memory and step time."""
+    """One candidate plan with its predicted memory and step time.
+
+    The step time is priced when first asked for (:attr:`step`): most candidates the solver prices
+    do not fit, and whether one fits reads memory alone."""
 
     plan: Plan
     memory: MemoryEstimate
-    step: StepTime
+    priced_on: tuple[ModelShape, Hardware, Training]  # what the step time is priced from, beside the plan
     usable_gpu_bytes: int
     usable_cpu_bytes: int
     sequence_length: int
     kernel_limit: str | None = None  # why a kernel fails on this plan whatever the memory (kernel_limits.py)
     packed_samples: bool = False  # Training.packed_samples: which published runs the verdict is read against
+    given_step: StepTime | None = None  # a step time stated instead of priced (what-if comparisons)
+
+    @cached_property
+    def step(self) -> StepTime:
+        if self.given_step is not None:
+            return self.given_step
+        shape, hardware, training = self.priced_on
+        return estimate_step_time(shape, self.plan, hardware, training)
 
     @property
     def fits_gpu(self) -> bool:
@@ -181,12 +194,11 @@ def evaluate(spec: Spec, plan: Plan, accounting: Accounting = "dsgen") -> Evalua
         logits_released=spec.output.logits_released,
         trainer_saves_model=spec.output.trainer_saves_model,
     )
-    step = estimate_step_time(spec.model, plan, hardware, spec.training)
     usable_gpu, usable_cpu = usable_bytes(spec)
     return Evaluation(
         plan=plan,
         memory=memory,
-        step=step,
+        priced_on=(spec.model, hardware, spec.training),
         usable_gpu_bytes=usable_gpu,
         usable_cpu_bytes=usable_cpu,
         sequence_length=spec.training.sequence_length,

@@ -325,6 +325,11 @@ def _search(
        longer saw) cannot fit. The floor reads no knob, so NVMe's sub-groups, shrunk after the
        knobs are chosen, leave it where it was. Not in the long-context search, whose floors
        cost nearly what pricing does (measured: no faster).
+
+    Most splits priced do not fit the GPU, and one that does not fit with its leanest knobs
+    costs one pricing if those are priced first (``price_split``'s ``lean_first``), one per
+    variant if not. Which order a split gets is a guess from the splits before it; the plan each
+    split yields is the same in either order, so the guess moves the time, never the choice.
     """
     dp = spec.hardware.world_size
     precision = resolve_precision(spec)
@@ -333,9 +338,13 @@ def _search(
     # more tricks than one that fits uses less GPU memory but never less time, so it is skipped
     fitted: dict[tuple[Family, int, int], list[LongContext]] = {}
     variants_by_stage = {stage: knob_variants(spec.model, stage) for stage in range(4)}
+    variants_of: dict[tuple[int, str, bool], list[ZeroKnobs]] = {}  # one structure's, shared by its like
     if next(_structures(spec, long_search), None) is None:
         raise _no_plan_for_pins(spec)
     evaluated = 0
+    # whether the last structure's first split fit the GPU: when it did not, the next structure's
+    # first split is priced leanest first (see price_split); only the order of pricing reads it
+    first_split_fitted = True
     beyond_s = float("inf")  # (4.) the band's edge above the fastest feasible plan priced so far
 
     def price(st: _Structure, knobs: ZeroKnobs, micro: int, accum: int) -> Evaluation:
@@ -347,21 +356,32 @@ def _search(
             beyond_s = min(beyond_s, priced.step.total_s * (1 + STEP_TIME_TIE_BAND))
         return priced
 
-    def price_split(st: _Structure, variants: list[ZeroKnobs], micro: int, accum: int, overflowed: bool) -> Evaluation:
-        """The split's plan: its first knob variant that fits the GPU (pruning 1), or the last tried."""
-        if overflowed:
-            # the single-step split after an overflow (see 2.) seldom fits: try the leanest
-            # knobs first, and look for faster ones only when they fit
-            chosen = price(st, variants[-1], micro, accum)
-            if not chosen.fits_gpu:
-                return chosen
-        for knobs in variants:
+    def price_split(st: _Structure, variants: list[ZeroKnobs], micro: int, accum: int, lean_first: bool) -> Evaluation:
+        """The split's plan: its first knob variant that fits the GPU (pruning 1), else its leanest.
+        ``lean_first``: the split is unlikely to fit, so its leanest knobs are priced first; when they
+        do not fit, no variant can (pruning 1's order) and the split costs one pricing, not one per
+        variant. The order changes only what is priced, never the plan returned."""
+        leanest = price(st, variants[-1], micro, accum) if lean_first else None
+        if leanest is not None and not leanest.fits_gpu:
+            return leanest
+        for knobs in variants[:-1]:
             chosen = price(st, knobs, micro, accum)
             if chosen.fits_gpu:
                 break
+        else:
+            chosen = leanest if leanest is not None else price(st, variants[-1], micro, accum)
         if chosen.fits_gpu and not chosen.fits_cpu and st.offload_optimizer == "nvme":
             chosen = _shrink_sub_groups(chosen, partial(price, st, micro=micro, accum=accum))
         return chosen
+
+    usable_gpu = usable_bytes(spec)[0]
+
+    def likely_overflows(last_fit: Evaluation, micro: int) -> bool:
+        """Whether ``micro`` looks past the GPU, judged from the structure's last split that fit:
+        its activations grown in proportion to the micro-batch. Only the order of pricing reads it."""
+        gpu = last_fit.memory.gpu
+        grown = (micro / last_fit.plan.micro_batch_size - 1) * (gpu.activations + gpu.transient)
+        return gpu.total + grown > usable_gpu
 
     structures = list(_structures(spec, long_search))
     splits_of = [splits_by_divisor.get(st.batch_ranks_divisor, []) for st in structures]
@@ -389,47 +409,84 @@ def _search(
 
     def lowest(family: tuple[Family, list[int]]) -> float:
         _, members = family
-        return min((floor(i, p) for i in members for p in range(len(splits_of[i]))), default=0.0)
+        return min((floor(i, p) for i in members for p in lowest_candidates(i)), default=0.0)
 
+    def lowest_candidates(index: int) -> range:
+        """The splits that can hold a structure's lowest floor: the largest micro-batch alone (the
+        last split) where the floor never rises with the micro-batch (:func:`floor_falls_with_micro`)."""
+        count = len(splits_of[index])
+        return range(count - 1, count) if count and floor_falls_with_micro(structures[index]) else range(count)
+
+    lowest_of: dict[Family, float] = {}  # each family's lowest floor, once: _structures makes one family once
     if pruning:
-        families.sort(key=lowest)  # stable: ties keep the search's own order
+        lowest_of = {family: lowest((family, members)) for family, members in families}
+        families.sort(key=lambda family: lowest_of[family[0]])  # stable: ties keep the search's own order
 
     # 3. (long-context search only) Tricks only lower GPU memory, so when a structure's leanest
     #    trick set does not fit the GPU at its leanest split and knobs, no other set of that
     #    structure and Ulysses degree can: one probe per (structure, degree) decides.
     probes: dict[Family, bool] = {}
+    first_split_fits: dict[Family, bool] = {}  # the probe's verdict on the family's first split
     found: list[tuple[tuple[int, int, int], Evaluation]] = []  # (where the full search finds it, plan)
     for family in families:
-        if pruning and lowest(family) > beyond_s:
+        if pruning and lowest_of[family[0]] > beyond_s:
             break  # (4.) and so is every later family
         plain, members = family
         for index in members:
             st, splits = structures[index], splits_of[index]
             if not splits:
                 continue
-            variants = _knob_variants_for(spec, st, variants_by_stage[st.stage])
+            variants_key = (st.stage, st.zeropp, st.offload_ratio < 1)  # what _knob_variants_for reads of st
+            variants = variants_of.get(variants_key)
+            if variants is None:
+                variants = variants_of[variants_key] = _knob_variants_for(spec, st, variants_by_stage[st.stage])
             if long_search:
                 if plain not in probes:
                     tried = _probe(spec, st, splits, partial(price, _leanest(spec, st)))
                     found.extend(((index, -1, n), e) for n, e in enumerate(tried))  # for the closest miss
                     probes[plain] = any(e.fits_gpu for e in tried)
+                    first_split_fits[plain] = tried[0].fits_gpu
                 if not probes[plain]:
                     continue
-            overflowed = False
+            # (3.) the leanest trick set not fitting the first split means no set of the family
+            # fits it, nor (2.) any larger split that accumulates
+            overflowed = long_search and not first_split_fits[plain]
+            last_fit: Evaluation | None = None  # this structure's largest split so far that fits the GPU
+            # (4.) where the floor never rises with the micro-batch, a split's floor within the band
+            # vouches for every later (larger) split's while the band has not moved below it
+            falls, passed_floor = floor_falls_with_micro(st), float("inf")
             for position, (micro, accum) in enumerate(splits):
                 if overflowed and accum > 1:
                     continue
                 if any(tricks_within(done, st.long_context) for done in fitted.get((plain, micro, accum), ())):
                     continue
-                if pruning and floor(index, position) > beyond_s:  # (4.)
-                    continue
-                chosen = price_split(st, variants, micro, accum, overflowed)
+                if pruning and not (falls and passed_floor <= beyond_s):  # (4.)
+                    passed_floor = floor(index, position)
+                    if passed_floor > beyond_s:
+                        continue
+                # after an overflow (see 2.) the single-step split seldom fits
+                guess = not first_split_fitted if last_fit is None else likely_overflows(last_fit, micro)
+                chosen = price_split(st, variants, micro, accum, lean_first=overflowed or guess)
                 found.append(((index, position, 0), chosen))
+                last_fit = chosen if chosen.fits_gpu else last_fit
+                if position == 0:
+                    first_split_fitted = chosen.fits_gpu
                 if chosen.feasible:
                     fitted.setdefault((plain, micro, accum), []).append(st.long_context)
                 overflowed = overflowed or not chosen.fits_gpu
     # in the order the full search finds them, so that exact ties break the same way
     return [e for _, e in sorted(found, key=lambda item: item[0])], evaluated
+
+
+def floor_falls_with_micro(st: _Structure) -> bool:
+    """Whether the step-time floor of ``st``'s splits never rises with the micro-batch, so that its
+    largest split's floor is its lowest, to the last bit. Without AutoTP, AutoEP or the long-context
+    terms the floor is compute + offload + generation (:func:`step_time_floor`): offload and
+    generation read no split, and compute is the step's fixed FLOPs over a rate that only grows
+    with the micro-batch's tokens (``_micro_batch_efficiency``); each float operation on the way is
+    correctly rounded, hence monotone. The model-parallel and long-context terms are not shown
+    monotone, so their splits are all asked."""
+    return not st.model_parallel.active and not st.long_context.active
 
 
 #: The knobs a floor is priced with: it reads none (:func:`dsgen.estimate.throughput.step_time_floor`).

@@ -390,8 +390,9 @@ def _one_field_variants(plan: Plan, spec: Spec) -> Iterator[Plan]:
 
 
 def _price(spec: Spec, plan: Plan) -> None:
-    """Every pricing entry point that reaches the wrappers: both accountings and the floor."""
-    evaluate(spec, plan)
+    """Every pricing entry point that reaches the wrappers: both accountings, the step time (priced
+    when first asked for) and the floor."""
+    assert evaluate(spec, plan).step.total_s > 0
     memory.estimate_memory(
         spec.model,
         plan,
@@ -526,6 +527,13 @@ def _forgetting(field_name: str) -> Callable[..., Plan]:
     return build
 
 
+def _case_id(value: Any) -> str:
+    """A case's id, the same in every process (pytest-xdist compares them): a set's members sorted."""
+    if isinstance(value, ModuleType):
+        return value.__name__.rsplit(".", 1)[-1]
+    return "+".join(sorted(value)) if isinstance(value, set) else str(value)
+
+
 @pytest.mark.parametrize(
     ("module", "field_name", "spec", "caught"),
     [
@@ -535,7 +543,7 @@ def _forgetting(field_name: str) -> Callable[..., Plan]:
         (throughput, "knobs", _ZEROPP, {"_communication_terms"}),
         (throughput, "model_parallel", _ZEROPP, {"_communication_terms", "_model_parallel_s", "offload_s"}),
     ],
-    ids=lambda v: v.__name__.rsplit(".", 1)[-1] if isinstance(v, ModuleType) else str(v),
+    ids=_case_id,
 )
 def test_the_guard_sees_a_field_the_rebuilt_plan_drops(
     monkeypatch: pytest.MonkeyPatch, module: ModuleType, field_name: str, spec: str, caught: set[str]
@@ -646,3 +654,29 @@ def test_the_step_time_floor_reads_what_the_solver_shares_it_across(calls: list[
             checked += 1
             assert throughput.step_time_floor(shape, other, hardware, training) == floor, (plan, other)
     assert checked > 1000
+
+
+def test_the_floor_never_rises_with_the_micro_batch_without_model_parallel_or_long_context_terms(
+    calls: list[Call],
+) -> None:
+    # the solver orders families by their lowest floor and reads only the largest split's for such
+    # structures (dsgen.solver.floor_falls_with_micro): every split of the same batch, compared
+    priced = {c.arguments["plan"]: c.arguments for c in calls if c.term.name == "offload_s"}
+    checked = 0
+    for plan, a in list(priced.items())[::4]:
+        if plan.model_parallel.active or plan.long_context.active:
+            continue
+        per_rank = plan.micro_batch_size * plan.gradient_accumulation_steps
+        micros = [m for m in range(1, per_rank + 1) if per_rank % m == 0]
+        floors = [
+            throughput.step_time_floor(
+                a["shape"],
+                replace(plan, micro_batch_size=m, gradient_accumulation_steps=per_rank // m),
+                a["hardware"],
+                a["training"],
+            )
+            for m in micros
+        ]
+        assert floors == sorted(floors, reverse=True), (plan, floors)  # never rising
+        checked += len(micros) > 1
+    assert checked > 200

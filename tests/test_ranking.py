@@ -50,7 +50,7 @@ def _priced(spec, seconds: float, **choices: object) -> Evaluation:
     )
     plan = replace(plan, **choices)  # type: ignore[arg-type]
     e = evaluate(spec, plan)
-    return replace(e, step=StepTime(compute_s=seconds, exposed_comm_s=0.0, offload_s=0.0, model_flops=1.0))
+    return replace(e, given_step=StepTime(compute_s=seconds, exposed_comm_s=0.0, offload_s=0.0, model_flops=1.0))
 
 
 def _at_capacity(e: Evaluation, capacity: int) -> Evaluation:
