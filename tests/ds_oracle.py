@@ -33,6 +33,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -345,6 +346,58 @@ def run_torchrun(args: list[str], *, ranks: int, cwd: Path, timeout: float) -> t
         log, _ = proc.communicate()
         log += f"\n[ds_oracle] killed after {timeout:.0f}s timeout\n"
     return proc.returncode, log, timed_out, time.monotonic() - start
+
+
+class OracleRunError(RuntimeError):
+    """A torchrun oracle run failed, timed out or did not report every rank. The message ends with
+    the log tail; ``log`` holds all of it."""
+
+    def __init__(self, message: str, log: str = "") -> None:
+        super().__init__(message)
+        self.log = log
+
+
+def merge_config(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``overrides`` laid over it, nested mappings merged key by key (a case's
+    ``ds_config_overrides``)."""
+    out = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_config(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def measure_case(
+    worker: Path, record_kind: str, case: dict[str, Any], *, ranks: int, timeout: float, what: str
+) -> list[dict[str, Any]]:
+    """Run ``worker --case CASE.json`` on ``ranks`` CPU ranks (``case`` holds its ``ds_config``) and
+    return the one record per rank it reports as ``record_kind``: the launch and parse every
+    measuring harness shares (``finetune_oracle``, ``mp_oracle``).
+
+    DeepSpeed's CPU ops the config needs are built first (:func:`prebuild_ops`). Raises
+    :class:`OracleRunError`, naming ``what`` ran, if torchrun fails, times out, or not every rank
+    reports. Each record also gets ``run_wall_s`` (the torchrun wall time) and ``prebuild_s``."""
+    build_s, build_log = prebuild_ops(_ops_for(case["ds_config"]))
+    with tempfile.TemporaryDirectory(prefix="dsgen_oracle_") as tmp:
+        case_path = Path(tmp) / "case.json"
+        case_path.write_text(json.dumps(case, indent=2))
+        returncode, log, timed_out, duration = run_torchrun(
+            [str(worker), "--case", str(case_path)], ranks=ranks, cwd=Path(tmp), timeout=timeout
+        )
+        records = rank_reports.read(Path(tmp), record_kind)  # one file per rank (tests/rank_reports.py)
+    reported = [r["rank"] for r in records]
+    if returncode != 0 or timed_out or reported != list(range(ranks)):
+        raise OracleRunError(
+            f"{what} run failed: returncode={returncode} timed_out={timed_out} ranks reported={reported} "
+            f"duration={duration:.1f}s\n--- log tail ---\n{(build_log + log)[-8000:]}",
+            build_log + log,
+        )
+    for record in records:
+        record["run_wall_s"] = round(duration, 2)
+        record["prebuild_s"] = round(build_s, 2)
+    return records
 
 
 def train_steps(

@@ -9,7 +9,7 @@ in one policy forward), with the versions and the losses. It measures only; noth
 A ``case`` is a plain dict::
 
     {
-        "model": "llama" | "qwen3",            # tiny configs in finetune_worker.TINY_MODELS
+        "model": "llama" | "qwen3",            # tiny configs in tests/tiny_models.py
         "dtype": "fp32" | "bf16",              # bf16 through DeepSpeed's bf16 block
         "method": "full" | "lora" | "freeze" | "qlora",
         "lora": {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear"},
@@ -29,14 +29,10 @@ this is a support module: torch, DeepSpeed and transformers are only imported by
 
 from __future__ import annotations
 
-import copy
-import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from tests import rank_reports
-from tests.ds_oracle import _ops_for, prebuild_ops, run_torchrun
+from tests.ds_oracle import measure_case, merge_config
 
 WORKER = Path(__file__).resolve().parent / "finetune_worker.py"
 RECORD_KIND = "DSGEN_FINETUNE"  # keep in sync with finetune_worker.RECORD_KIND
@@ -73,20 +69,6 @@ DEFAULT_CASE: dict[str, Any] = {
 }
 
 
-class FinetuneRunError(RuntimeError):
-    """The torchrun run failed or did not report every rank; the message ends with the log tail."""
-
-
-def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(base)
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
 def ds_config_for(case: dict[str, Any], ranks: int) -> dict[str, Any]:
     """The DeepSpeed config a run of ``case`` on ``ranks`` data-parallel ranks uses.
 
@@ -111,34 +93,14 @@ def ds_config_for(case: dict[str, Any], ranks: int) -> dict[str, Any]:
     }
     if case["dtype"] not in ("fp32", "bf16"):
         raise ValueError(f"dtype must be fp32 or bf16, got {case['dtype']!r}")
-    return _merge(config, case.get("ds_config_overrides", {}))
+    return merge_config(config, case.get("ds_config_overrides", {}))
 
 
 def measure_finetune(case: dict[str, Any], ranks: int = 2, timeout: float = 600) -> list[dict[str, Any]]:
     """Run ``case`` on ``ranks`` CPU ranks with real DeepSpeed; one measured record per rank.
 
-    Missing case keys take :data:`DEFAULT_CASE`'s values. Raises :class:`FinetuneRunError` (with
-    the log tail) if torchrun fails, times out, or not every rank reports. Each record also gets
-    ``run_wall_s`` (the torchrun wall time) and ``prebuild_s`` (DeepSpeed op JIT builds first).
-    """
+    Missing case keys take :data:`DEFAULT_CASE`'s values. Launched and read by
+    :func:`tests.ds_oracle.measure_case` (which raises ``OracleRunError`` with the log tail)."""
     full_case = {**DEFAULT_CASE, **case}
-    ds_config = ds_config_for(full_case, ranks)
-    full_case["ds_config"] = ds_config
-    build_s, build_log = prebuild_ops(_ops_for(ds_config))
-    with tempfile.TemporaryDirectory(prefix="dsgen_finetune_") as tmp:
-        case_path = Path(tmp) / "case.json"
-        case_path.write_text(json.dumps(full_case, indent=2))
-        returncode, log, timed_out, duration = run_torchrun(
-            [str(WORKER), "--case", str(case_path)], ranks=ranks, cwd=Path(tmp), timeout=timeout
-        )
-        records = rank_reports.read(Path(tmp), RECORD_KIND)  # one file per rank (tests/rank_reports.py)
-    if returncode != 0 or timed_out or [r["rank"] for r in records] != list(range(ranks)):
-        tail = (build_log + log)[-8000:]
-        raise FinetuneRunError(
-            f"finetune run failed: returncode={returncode} timed_out={timed_out} "
-            f"ranks reported={[r['rank'] for r in records]} duration={duration:.1f}s\n--- log tail ---\n{tail}"
-        )
-    for record in records:
-        record["run_wall_s"] = round(duration, 2)
-        record["prebuild_s"] = round(build_s, 2)
-    return records
+    full_case["ds_config"] = ds_config_for(full_case, ranks)
+    return measure_case(WORKER, RECORD_KIND, full_case, ranks=ranks, timeout=timeout, what="finetune")

@@ -28,7 +28,6 @@ number of optimizer steps; anything else is an uncaught exception.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import json
@@ -41,6 +40,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+try:
+    from tests.tiny_models import hf_config, model_classes, parse_case_args
+except ModuleNotFoundError:  # torchrun runs a worker as a script: tests/, not the checkout, is on sys.path
+    from tiny_models import hf_config, model_classes, parse_case_args  # type: ignore[no-redef]
+
 if TYPE_CHECKING:
     import torch
 
@@ -50,49 +54,8 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 RECORD_KIND = "DSGEN_FINETUNE"
 EXIT_BAD_TRAINING = 3
 
-# Tiny models: every module kind a fine-tuning setup touches (embeddings, attention with GQA, MLP,
-# norms, untied LM head), small enough for a 2-core machine.
-TINY_MODELS: dict[str, dict[str, Any]] = {
-    "llama": {
-        "vocab_size": 1000,
-        "hidden_size": 256,
-        "intermediate_size": 512,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 4,
-        "tie_word_embeddings": False,
-    },
-}
-# the same sizes with Qwen3's own head width (its q/k norms are per head)
-TINY_MODELS["qwen3"] = {**TINY_MODELS["llama"], "head_dim": 32}
-
 # transformers.Trainer.get_decay_parameter_names (transformers 5.x): no weight decay for these.
 _NO_DECAY_PATTERNS = [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]
-
-
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--case", type=Path, required=True, help="case JSON (with its 'ds_config')")
-    return parser.parse_args(argv)
-
-
-def _import_classes(model: str) -> tuple[type, type]:
-    """Import transformers' classes before any ``zero.Init`` (see tests/ds_train_worker.py)."""
-    if model == "llama":
-        from transformers import LlamaConfig, LlamaForCausalLM
-
-        return LlamaConfig, LlamaForCausalLM
-    if model == "qwen3":
-        from transformers import Qwen3Config, Qwen3ForCausalLM
-
-        return Qwen3Config, Qwen3ForCausalLM
-    raise ValueError(f"unknown model {model!r}; expected one of {sorted(TINY_MODELS)}")
-
-
-def _hf_config(case: dict[str, Any]) -> Any:
-    config_cls, _ = _import_classes(case["model"])
-    keys = {**TINY_MODELS[case["model"]], **case.get("model_overrides", {})}
-    return config_cls(**keys, max_position_embeddings=max(case["seq_len"], 128), use_cache=False)
 
 
 def _build_base(case: dict[str, Any], zero3_config: dict[str, Any] | None) -> torch.nn.Module:
@@ -100,11 +63,11 @@ def _build_base(case: dict[str, Any], zero3_config: dict[str, Any] | None) -> to
     import deepspeed
     import torch
 
-    _, model_cls = _import_classes(case["model"])
+    _, model_cls = model_classes(case["model"])
     torch.manual_seed(case.get("seed", 1234))
     init = deepspeed.zero.Init(config_dict_or_path=zero3_config) if zero3_config else contextlib.nullcontext()
     with init:
-        return model_cls(_hf_config(case))
+        return model_cls(hf_config(case))
 
 
 def _build_qlora_base(case: dict[str, Any], tmp: Path) -> torch.nn.Module:
@@ -113,7 +76,7 @@ def _build_qlora_base(case: dict[str, Any], tmp: Path) -> torch.nn.Module:
     import torch
     from transformers import BitsAndBytesConfig
 
-    _, model_cls = _import_classes(case["model"])
+    _, model_cls = model_classes(case["model"])
     base = _build_base(case, None)
     path = tmp / f"qlora_base_rank{os.environ.get('RANK', '0')}"
     # Written directly (save_pretrained writes on the main process only, and every rank loads).
@@ -486,13 +449,13 @@ def _reference_record(ref_engine: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parse_args(argv)
+    args = parse_case_args(argv, __doc__.splitlines()[0])
     case: dict[str, Any] = json.loads(args.case.read_text())
 
     import deepspeed
     from deepspeed import comm as dist
 
-    _import_classes(case["model"])
+    model_classes(case["model"])
     if case["method"] in ("lora", "qlora"):
         import peft  # noqa: F401  (before any zero.Init, like transformers)
     if case.get("objective", "sft") == "dpo":

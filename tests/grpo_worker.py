@@ -4,7 +4,7 @@ Launched by :func:`measure_grpo`, one process per rank, on DeepSpeed's CPU accel
 gloo backend. It measures; it predicts nothing. The run is TRL's own ``trl.GRPOTrainer`` with
 ``use_vllm=False`` (``_generate_single_turn``'s "regular generation path": ``unwrap_model_for_generation``
 and ``model.generate`` with the ``GenerationConfig`` the trainer builds), a tiny Llama built from a
-transformers config (random weights, nothing downloaded; the sizes of ``finetune_worker.TINY_MODELS``),
+transformers config (random weights, nothing downloaded; the sizes of ``tests/tiny_models.py``),
 LoRA through ``peft_config``, the DeepSpeed config handed to ``GRPOConfig(deepspeed=...)`` (ZeRO
 stage, AdamW from DeepSpeed's ``optimizer`` block), a word-level tokenizer over the model's
 vocabulary and made-up prompts of exactly ``prompt_length`` tokens.
@@ -39,7 +39,6 @@ loss that is not finite, a step count other than one); anything else is an uncau
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import gc
@@ -47,12 +46,16 @@ import json
 import math
 import os
 import sys
-import tempfile
 import time
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
+
+try:
+    from tests.tiny_models import parse_case_args
+except ModuleNotFoundError:  # torchrun runs a worker as a script: tests/, not the checkout, is on sys.path
+    from tiny_models import parse_case_args  # type: ignore[no-redef]
 
 # Before deepspeed is imported: the accelerator is chosen at import time.
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -76,10 +79,6 @@ DEFAULT_CASE: dict[str, Any] = {
     "seed": 1234,
     "learning_rate": 1e-4,
 }
-
-
-class GrpoRunError(RuntimeError):
-    """The torchrun run failed or did not report every rank; the message ends with the log tail."""
 
 
 # ---- launcher (imported by the tests; torch is not imported here) ------------------------------
@@ -106,31 +105,13 @@ def ds_config_for(case: dict[str, Any]) -> dict[str, Any]:
 
 def measure_grpo(case: dict[str, Any], ranks: int = 2, timeout: float = 600) -> list[dict[str, Any]]:
     """Run one GRPO step of ``case`` (missing keys from :data:`DEFAULT_CASE`) on ``ranks`` CPU ranks
-    with real TRL and DeepSpeed; one measured record per rank. Raises :class:`GrpoRunError` with
-    the log tail if torchrun fails, times out or not every rank reports."""
-    from tests import rank_reports
-    from tests.ds_oracle import prebuild_ops, run_torchrun
+    with real TRL and DeepSpeed; one measured record per rank. Launched and read by
+    :func:`tests.ds_oracle.measure_case` (which raises ``OracleRunError`` with the log tail)."""
+    from tests.ds_oracle import measure_case
 
     full_case = {**copy.deepcopy(DEFAULT_CASE), **case}
     full_case["ds_config"] = ds_config_for(full_case)
-    build_s, build_log = prebuild_ops(["ShareMemCommBuilder", "FusedAdamBuilder"])
-    with tempfile.TemporaryDirectory(prefix="dsgen_grpo_") as tmp:
-        case_path = Path(tmp) / "case.json"
-        case_path.write_text(json.dumps(full_case, indent=2))
-        returncode, log, timed_out, duration = run_torchrun(
-            [str(WORKER), "--case", str(case_path)], ranks=ranks, cwd=Path(tmp), timeout=timeout
-        )
-        records = rank_reports.read(Path(tmp), RECORD_KIND)  # one file per rank (tests/rank_reports.py)
-    if returncode != 0 or timed_out or [r["rank"] for r in records] != list(range(ranks)):
-        tail = (build_log + log)[-8000:]
-        raise GrpoRunError(
-            f"grpo run failed: returncode={returncode} timed_out={timed_out} "
-            f"ranks reported={[r['rank'] for r in records]} duration={duration:.1f}s\n--- log tail ---\n{tail}"
-        )
-    for record in records:
-        record["run_wall_s"] = round(duration, 2)
-        record["prebuild_s"] = round(build_s, 2)
-    return records
+    return measure_case(WORKER, RECORD_KIND, full_case, ranks=ranks, timeout=timeout, what="grpo")
 
 
 # ---- generation probe ----------------------------------------------------------------------------
@@ -437,14 +418,8 @@ def _reward(completions: list[str], **_: Any) -> list[float]:
     return [float(sum(int(word[1:]) % 2 == 0 for word in c.split() if word[1:].isdigit())) for c in completions]
 
 
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--case", type=Path, required=True, help="case JSON (with its 'ds_config')")
-    return parser.parse_args(argv)
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = _parse_args(argv)
+    args = parse_case_args(argv, __doc__.splitlines()[0])
     case: dict[str, Any] = json.loads(args.case.read_text())
     sys.path.insert(0, str(WORKER.parent.parent))  # torchrun runs this file as a script: tests.* from the checkout
     import torch.distributed as dist
@@ -466,18 +441,13 @@ def _run(case: dict[str, Any], tmp: Path) -> int:
     from datasets import Dataset
     from peft import LoraConfig
 
-    from tests.finetune_worker import (
-        TINY_MODELS,
-        _import_classes,
-        _optimizer_state_bytes,
-        _param_census,
-        _zero_buffers,
-    )
+    from tests.finetune_worker import _optimizer_state_bytes, _param_census, _zero_buffers
+    from tests.tiny_models import TINY_MODELS, model_classes
 
     started = time.monotonic()
     prompt_len, completion_len = int(case["prompt_length"]), int(case["completion_length"])
     lora = case["lora"]
-    config_cls, model_cls = _import_classes(case["model"])
+    config_cls, model_cls = model_classes(case["model"])
     grpo_args = trl.GRPOConfig(
         output_dir=str(tmp / "out"),
         max_steps=1,

@@ -10,7 +10,7 @@ the rank's first micro-batch. It measures only; nothing here predicts.
 A ``case`` is a plain dict::
 
     {
-        "model": "llama" | "qwen3_moe" | "mixtral",   # tiny configs in mp_worker.TINY_MODELS
+        "model": "llama" | "qwen3_moe" | "mixtral",   # tiny configs in tests/tiny_models.py
         "dtype": "fp32" | "bf16",                      # bf16 through DeepSpeed's bf16 block
         "zero_stage": 1 | 2 | 3,
         "autotp_size": 2,                              # 0/1: no AutoTP block
@@ -28,14 +28,10 @@ only imported by the worker.
 
 from __future__ import annotations
 
-import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from tests import rank_reports
-from tests.ds_oracle import _ops_for, prebuild_ops, run_torchrun
-from tests.finetune_oracle import _merge
+from tests.ds_oracle import measure_case, merge_config
 
 WORKER = Path(__file__).resolve().parent / "mp_worker.py"
 RECORD_KIND = "DSGEN_MP"  # keep in sync with mp_worker.RECORD_KIND
@@ -77,14 +73,6 @@ DEFAULT_CASE: dict[str, Any] = {
 }
 
 
-class MpRunError(RuntimeError):
-    """The torchrun run failed or did not report every rank; ``log`` holds the whole log."""
-
-    def __init__(self, message: str, log: str) -> None:
-        super().__init__(message)
-        self.log = log
-
-
 def ds_config_for(case: dict[str, Any], ranks: int) -> dict[str, Any]:
     """The DeepSpeed config a run of ``case`` on ``ranks`` processes uses.
 
@@ -124,35 +112,14 @@ def ds_config_for(case: dict[str, Any], ranks: int) -> dict[str, Any]:
         config["tensor_parallel"] = {"autotp_size": tp}
     if ep > 1:
         config["expert_parallel"] = {"enabled": True, "autoep_size": ep}
-    return _merge(config, case.get("ds_config_overrides", {}))
+    return merge_config(config, case.get("ds_config_overrides", {}))
 
 
 def measure_mp(case: dict[str, Any], ranks: int = 2, timeout: float = 600) -> list[dict[str, Any]]:
     """Run ``case`` on ``ranks`` CPU ranks with real DeepSpeed; one measured record per rank.
 
-    Missing case keys take :data:`DEFAULT_CASE`'s values. Raises :class:`MpRunError` (message with
-    the log tail, ``.log`` with all of it) if torchrun fails, times out, or not every rank reports.
-    Each record also gets ``run_wall_s`` (the torchrun wall time) and ``prebuild_s``.
-    """
+    Missing case keys take :data:`DEFAULT_CASE`'s values. Launched and read by
+    :func:`tests.ds_oracle.measure_case` (which raises ``OracleRunError`` with the log tail)."""
     full_case = {**DEFAULT_CASE, **case}
-    ds_config = ds_config_for(full_case, ranks)
-    full_case["ds_config"] = ds_config
-    build_s, build_log = prebuild_ops(_ops_for(ds_config))
-    with tempfile.TemporaryDirectory(prefix="dsgen_mp_") as tmp:
-        case_path = Path(tmp) / "case.json"
-        case_path.write_text(json.dumps(full_case, indent=2))
-        returncode, log, timed_out, duration = run_torchrun(
-            [str(WORKER), "--case", str(case_path)], ranks=ranks, cwd=Path(tmp), timeout=timeout
-        )
-        records = rank_reports.read(Path(tmp), RECORD_KIND)  # one file per rank (tests/rank_reports.py)
-    if returncode != 0 or timed_out or [r["rank"] for r in records] != list(range(ranks)):
-        tail = (build_log + log)[-8000:]
-        raise MpRunError(
-            f"model-parallel run failed: returncode={returncode} timed_out={timed_out} "
-            f"ranks reported={[r['rank'] for r in records]} duration={duration:.1f}s\n--- log tail ---\n{tail}",
-            build_log + log,
-        )
-    for record in records:
-        record["run_wall_s"] = round(duration, 2)
-        record["prebuild_s"] = round(build_s, 2)
-    return records
+    full_case["ds_config"] = ds_config_for(full_case, ranks)
+    return measure_case(WORKER, RECORD_KIND, full_case, ranks=ranks, timeout=timeout, what="model-parallel")

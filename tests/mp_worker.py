@@ -51,7 +51,6 @@ exception (DeepSpeed's own errors end up in the log the oracle returns).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import json
@@ -62,6 +61,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+try:
+    from tests.tiny_models import hf_config, model_classes, parse_case_args
+except ModuleNotFoundError:  # torchrun runs a worker as a script: tests/, not the checkout, is on sys.path
+    from tiny_models import hf_config, model_classes, parse_case_args  # type: ignore[no-redef]
+
 if TYPE_CHECKING:
     import torch
 
@@ -71,44 +75,6 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 RECORD_KIND = "DSGEN_MP"
 EXIT_BAD_TRAINING = 3
 WORKER = Path(__file__).resolve()
-
-# Tiny models: GQA attention, untied head; the MoE ones with 8 experts, top-2, in every layer.
-TINY_MODELS: dict[str, dict[str, Any]] = {
-    "llama": {
-        "vocab_size": 1000,
-        "hidden_size": 256,
-        "intermediate_size": 512,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 4,
-        "tie_word_embeddings": False,
-    },
-    "qwen3_moe": {
-        "vocab_size": 1000,
-        "hidden_size": 256,
-        "intermediate_size": 512,  # a dense MLP's width (no layer is dense here: mlp_only_layers=[])
-        "moe_intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 4,
-        "head_dim": 32,
-        "num_experts": 8,
-        "num_experts_per_tok": 2,
-        "norm_topk_prob": True,
-        "tie_word_embeddings": False,
-    },
-    "mixtral": {
-        "vocab_size": 1000,
-        "hidden_size": 256,
-        "intermediate_size": 128,  # Mixtral's per-expert width
-        "num_hidden_layers": 2,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 4,
-        "num_local_experts": 8,
-        "num_experts_per_tok": 2,
-        "tie_word_embeddings": False,
-    },
-}
 
 #: Parameter kinds, by name (first match wins). "linear" is every other weight: the attention and
 #: dense MLP projections, the ones AutoTP shards.
@@ -130,40 +96,11 @@ def param_kind(name: str) -> str:
     return "linear"
 
 
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--case", type=Path, required=True, help="case JSON (with its 'ds_config')")
-    return parser.parse_args(argv)
-
-
-def _import_classes(model: str) -> tuple[Any, Any]:
-    """Import transformers' classes before any ``zero.Init`` (see tests/ds_train_worker.py)."""
-    if model == "llama":
-        from transformers import LlamaConfig, LlamaForCausalLM
-
-        return LlamaConfig, LlamaForCausalLM
-    if model == "qwen3_moe":
-        from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-        return Qwen3MoeConfig, Qwen3MoeForCausalLM
-    if model == "mixtral":
-        from transformers import MixtralConfig, MixtralForCausalLM
-
-        return MixtralConfig, MixtralForCausalLM
-    raise ValueError(f"unknown model {model!r}; expected one of {sorted(TINY_MODELS)}")
-
-
-def hf_config(case: dict[str, Any]) -> Any:
-    config_cls, _ = _import_classes(case["model"])
-    keys = {**TINY_MODELS[case["model"]], **case.get("model_overrides", {})}
-    return config_cls(**keys, max_position_embeddings=max(int(case["seq_len"]), 128), use_cache=False)
-
-
 def build_reference(case: dict[str, Any]) -> Any:
     """The unsharded model with the case's seed, fp32, plain PyTorch: the same weights on every rank."""
     import torch
 
-    _, model_cls = _import_classes(case["model"])
+    _, model_cls = model_classes(case["model"])
     torch.manual_seed(int(case.get("seed", 1234)))
     model = model_cls(hf_config(case))
     model.train()
@@ -185,7 +122,7 @@ def _load_like_trainer(
     """
     from safetensors.torch import save_file
 
-    _, model_cls = _import_classes(case["model"])
+    _, model_cls = model_classes(case["model"])
     info: dict[str, Any] = {"loader": case.get("loader", "from_pretrained")}
     if info["loader"] == "from_pretrained":
         path = tmp / f"weights_rank{os.environ.get('RANK', '0')}"
@@ -216,7 +153,7 @@ def _build_zero_init(case: dict[str, Any], reference: Any, ds_config: dict[str, 
     import torch
     from deepspeed import comm as dist
 
-    _, model_cls = _import_classes(case["model"])
+    _, model_cls = model_classes(case["model"])
     stage3 = int(ds_config.get("zero_optimization", {}).get("stage", 0)) == 3
     init = deepspeed.zero.Init(config_dict_or_path=ds_config) if stage3 else contextlib.nullcontext()
     with init:
@@ -460,7 +397,7 @@ def _initialize(
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parse_args(argv)
+    args = parse_case_args(argv, __doc__.splitlines()[0])
     case: dict[str, Any] = json.loads(args.case.read_text())
     sys.path.insert(0, str(WORKER.parent))  # torchrun runs this file as a script: finetune_worker is beside it
     sys.path.insert(0, str(WORKER.parent.parent))  # and tests.rank_reports in the checkout
@@ -468,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     import deepspeed
     from deepspeed import comm as dist
 
-    _import_classes(case["model"])
+    model_classes(case["model"])
     deepspeed.init_distributed(dist_backend="gloo")
     try:
         return _run(case, args.case.parent)

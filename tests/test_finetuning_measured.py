@@ -28,7 +28,7 @@ from dsgen.plan import Plan
 from dsgen.spec.types import FineTuning, Freeze, Hardware, Lora, Training
 from dsgen.units import FP32
 from tests.finetune_oracle import measure_finetune
-from tests.finetune_worker import TINY_MODELS
+from tests.tiny_models import TINY_MODELS
 
 pytestmark = [pytest.mark.slow, pytest.mark.deepspeed]
 

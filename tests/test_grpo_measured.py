@@ -34,8 +34,8 @@ from dsgen.estimate.memory import MemoryEstimate, estimate_memory
 from dsgen.estimate.optimizers import flat_state_bytes
 from dsgen.plan import Plan
 from dsgen.spec.types import FineTuning, Generation, Hardware, Lora, Training
-from tests.finetune_worker import TINY_MODELS
 from tests.grpo_worker import DEFAULT_CASE, measure_grpo
+from tests.tiny_models import TINY_MODELS
 
 pytestmark = [pytest.mark.slow, pytest.mark.deepspeed]
 

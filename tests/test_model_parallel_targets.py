@@ -49,7 +49,7 @@ constraints:
   tensor_parallel_size: {tp}
 """
 
-#: the tiny MoE models of the measured runs (tests/mp_worker.py), by transformers model_type
+#: the tiny MoE models of the measured runs (tests/tiny_models.py), by transformers model_type
 MOE_FAMILIES = ("mixtral", "qwen3_moe")
 
 MOE_SPEC = """\
@@ -80,7 +80,7 @@ def _dense_spec(
 
 
 def _moe_spec(tmp_path: Path, family: str = "mixtral", *, zero: int = 2, optimizer: str = "adamw") -> Path:
-    from tests.mp_worker import TINY_MODELS
+    from tests.tiny_models import TINY_MODELS
 
     config = tmp_path / f"{family}.json"
     config.write_text(json.dumps({"model_type": family, **TINY_MODELS[family]}))
@@ -263,7 +263,7 @@ def test_autoep_finds_no_moe_block_under_a_wrapping_module() -> None:
     from deepspeed.module_inject.auto_ep import AutoEP
     from deepspeed.module_inject.auto_ep_config import parse_autoep_config
 
-    from tests.mp_worker import TINY_MODELS
+    from tests.tiny_models import TINY_MODELS
 
     model = transformers.MixtralForCausalLM(transformers.MixtralConfig(**TINY_MODELS["mixtral"]))
 

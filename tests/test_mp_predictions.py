@@ -21,7 +21,7 @@ from dsgen import api
 from dsgen.evaluation import Evaluation
 from tests.mp_cases import CASES, EP_CASES, TP_CASES, measured
 from tests.mp_oracle import DEFAULT_CASE
-from tests.mp_worker import TINY_MODELS
+from tests.tiny_models import TINY_MODELS
 
 MODEL_TYPES = {"llama": "llama", "qwen3_moe": "qwen3_moe", "mixtral": "mixtral"}
 

@@ -44,7 +44,6 @@ stdout lines from several ranks interleave)::
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import json
@@ -54,6 +53,11 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+try:
+    from tests.tiny_models import parse_case_args
+except ModuleNotFoundError:  # torchrun runs a worker as a script: tests/, not the checkout, is on sys.path
+    from tiny_models import parse_case_args  # type: ignore[no-redef]
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
@@ -546,14 +550,8 @@ def _probe_mode(probe: Probe) -> Any:
 # ---- the run --------------------------------------------------------------------------------------
 
 
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--case", type=Path, required=True, help="case JSON")
-    return parser.parse_args(argv)
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = _parse_args(argv)
+    args = parse_case_args(argv, __doc__.splitlines()[0])
     case: dict[str, Any] = json.loads(args.case.read_text())
 
     import deepspeed
