@@ -426,7 +426,6 @@ def _search(
     #    trick set does not fit the GPU at its leanest split and knobs, no other set of that
     #    structure and Ulysses degree can: one probe per (structure, degree) decides.
     probes: dict[Family, bool] = {}
-    first_split_fits: dict[Family, bool] = {}  # the probe's verdict on the family's first split
     found: list[tuple[tuple[int, int, int], Evaluation]] = []  # (where the full search finds it, plan)
     for family in families:
         if pruning and lowest_of[family[0]] > beyond_s:
@@ -445,25 +444,17 @@ def _search(
                     tried = _probe(spec, st, splits, partial(price, _leanest(spec, st)))
                     found.extend(((index, -1, n), e) for n, e in enumerate(tried))  # for the closest miss
                     probes[plain] = any(e.fits_gpu for e in tried)
-                    first_split_fits[plain] = tried[0].fits_gpu
                 if not probes[plain]:
                     continue
-            # (3.) the leanest trick set not fitting the first split means no set of the family
-            # fits it, nor (2.) any larger split that accumulates
-            overflowed = long_search and not first_split_fits[plain]
+            overflowed = False
             last_fit: Evaluation | None = None  # this structure's largest split so far that fits the GPU
-            # (4.) where the floor never rises with the micro-batch, a split's floor within the band
-            # vouches for every later (larger) split's while the band has not moved below it
-            falls, passed_floor = floor_falls_with_micro(st), float("inf")
             for position, (micro, accum) in enumerate(splits):
                 if overflowed and accum > 1:
                     continue
                 if any(tricks_within(done, st.long_context) for done in fitted.get((plain, micro, accum), ())):
                     continue
-                if pruning and not (falls and passed_floor <= beyond_s):  # (4.)
-                    passed_floor = floor(index, position)
-                    if passed_floor > beyond_s:
-                        continue
+                if pruning and floor(index, position) > beyond_s:  # (4.)
+                    continue
                 # after an overflow (see 2.) the single-step split seldom fits
                 guess = not first_split_fitted if last_fit is None else likely_overflows(last_fit, micro)
                 chosen = price_split(st, variants, micro, accum, lean_first=overflowed or guess)
