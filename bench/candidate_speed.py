@@ -1,4 +1,4 @@
-"""Microseconds per candidate: what one :func:`dsgen.evaluation.evaluate` call costs the solver.
+"""Microseconds per candidate: what one :func:`dsgen.search.evaluation.evaluate` call costs the solver.
 
 The solver prices every candidate it searches with ``evaluate`` (about 580 per spec), so its cost
 per call is most of a solve's. This bench prices a fixed list of (spec, plan) pairs, the
@@ -37,8 +37,8 @@ from pricing_identity import generated_specs, plan_from, solver_section  # bench
 from solve_speed import instructions  # bench/solve_speed.py: callgrind's count of one run
 
 from dsgen.api import load_spec
-from dsgen.evaluation import evaluate
 from dsgen.plan import Plan
+from dsgen.search.evaluation import evaluate
 from dsgen.spec.types import Spec
 
 GRID = 120  # the first specs of generated_specs(): the profile's grid

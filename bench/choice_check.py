@@ -16,7 +16,7 @@ checks:
   same chosen plan, or closest miss, as the full search, and how many candidates each priced;
 * **changes**: the plan the rule before issue 48 would have chosen among the same feasible plans
   (the tie band, then simplicity alone: :func:`previous_choice`, kept here for the comparison),
-  and which part of today's rule (``dsgen.ranking.decided_by``) made the difference.
+  and which part of today's rule (``dsgen.search.ranking.decided_by``) made the difference.
 
 Run: .venv/bin/python bench/choice_check.py [--count 600] [--seed 48]   (a minute or two)
 """
@@ -36,11 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dsgen.api import load_spec, solve_spec
 from dsgen.errors import DsgenError
 from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
-from dsgen.evaluation import Evaluation
-from dsgen.knob_variants import default_knobs
 from dsgen.plan import plan_dict
-from dsgen.ranking import has_room, moving_parts, rank_key, simplicity_key
-from dsgen.solver import SolveResult
+from dsgen.search.evaluation import Evaluation
+from dsgen.search.knob_variants import default_knobs
+from dsgen.search.ranking import has_room, moving_parts, rank_key, simplicity_key
+from dsgen.search.solver import SolveResult
 
 DENSE = ["gpt2-xl", "llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b", "mistral-7b", "qwen2.5-7b", "qwen2.5-14b"]
 DENSE += ["gemma-2-9b", "phi-3-mini", "llama-3.1-70b"]

@@ -37,7 +37,14 @@ DEPENDENCIES = {
     "_yaml": "yaml",
 }
 #: dsgen's parts whose presence per command the table reports.
-PARTS = ("dsgen.solver", "dsgen.render", "dsgen.sweep", "dsgen.name_template", "dsgen.validate", "dsgen.doctor")
+PARTS = (
+    "dsgen.search.solver",
+    "dsgen.targets.render",
+    "dsgen.sweeps.runner",
+    "dsgen.sweeps.name_template",
+    "dsgen.validate",
+    "dsgen.doctor",
+)
 
 
 def commands(tmp: Path) -> dict[str, list[str]]:

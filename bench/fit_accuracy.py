@@ -15,7 +15,7 @@ see bench/outcome_specs.py), solves it, and prints:
   prediction, would flip the verdict (or, for over-predictions, dsgen's largest term).
 
 Then, for every case, the verdict ``dsgen doctor`` itself gives (dsgen.doctor.diagnose on the run's
-config and a spec that pins only checkpointing; fits / tight / oom / host-oom, dsgen.verdict) and
+config and a spec that pins only checkpointing; fits / tight / oom / host-oom, dsgen.search.verdict) and
 the calibration of its bands: the safe line and the outcomes of the runs in each band. Each verdict
 is read as what it says will happen (``FitVerdict.likely``): ``tight`` as the outcome its band's
 runs mostly had, which for these corpora (no run declares packed samples) is out of GPU memory.
@@ -51,12 +51,12 @@ for entry in (str(REPO), str(REPO / "bench")):
 
 from outcome_specs import UNKNOWN_HOST_GIB, Priced, doctor_config, doctor_spec, load_corpus, price  # noqa: E402
 
-from dsgen.deepspeed_release import normalize_release  # noqa: E402
 from dsgen.doctor.diagnose import diagnose  # noqa: E402
-from dsgen.evaluation import Evaluation  # noqa: E402
+from dsgen.facts.release import normalize_release  # noqa: E402
+from dsgen.search.evaluation import Evaluation  # noqa: E402
+from dsgen.search.verdict import BANDS, SAFE_LINE  # noqa: E402
 from dsgen.spec.defaults import spec_default  # noqa: E402
 from dsgen.targets import TARGETS  # noqa: E402
-from dsgen.verdict import BANDS, SAFE_LINE  # noqa: E402
 
 GIB = 1 << 30
 VERDICTS = ("fits", "oom", "host_oom")
@@ -516,7 +516,7 @@ def doctor_verdicts(cases: list[dict[str, Any]], corpus: dict[str, Any], target:
         high = "inf" if band.high == float("inf") else f"{band.high:.0%}"
         print(
             f"  calibration {band.verdict:6} ({band.low:.0%}, {high}]: {len(inside)} runs, {ooms} ran out of GPU memory"
-            f"  (dsgen.verdict.BANDS says {band.runs} / {band.gpu_oom})"
+            f"  (dsgen.search.verdict.BANDS says {band.runs} / {band.gpu_oom})"
         )
     host = [row for row in rows if row.verdict == "host-oom"]
     on_assumed_host = sum(_host_unstated(row.case) for row in host)

@@ -97,7 +97,7 @@ def measure(case: Case, gpu: str, steps: int) -> dict[str, Any]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from dsgen.api import render_plan, solve_spec
-    from dsgen.spec.loader import load_spec_text
+    from dsgen.intake.loader import load_spec_text
 
     spec = load_spec_text(spec_text(case, gpu), file="gpu_peak.yaml", base_dir=REPO)
     result = solve_spec(spec)

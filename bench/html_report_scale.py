@@ -1,7 +1,7 @@
 """A 1,000-run sweep's report.html: its size, and how long Debian's Chromium takes to open it.
 
 The issue's bar: under 5 MB, and open in under 2 s. The page is a function of the sweep's manifest
-rows (``dsgen.html.sweep_page``), so the 8 runs of ``examples/sweep/sweep.yaml`` are solved for real
+rows (``dsgen.reporting.html.sweep_page``), so the 8 runs of ``examples/sweep/sweep.yaml`` are solved for real
 and their rows repeated, with their own names and varied values, to 1,000. The page is then opened
 headless through Playwright (``tests/test_html_reports.py`` uses the same browser) and the time to
 the load event, and until the table is sorted by a click, is printed (median of 5 opens).
@@ -23,7 +23,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from dsgen.api import run_sweep_to  # noqa: E402
-from dsgen.html.sweep_page import sweep_page  # noqa: E402
+from dsgen.reporting.html.sweep_page import sweep_page  # noqa: E402
 
 
 def main(runs: int = 1000) -> None:

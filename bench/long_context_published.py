@@ -37,9 +37,9 @@ from dsgen.api import frontier_of, load_spec, solve_spec  # noqa: E402
 from dsgen.doctor.diagnose import diagnose  # noqa: E402
 from dsgen.errors import DsgenError  # noqa: E402
 from dsgen.estimate.memory import HOST_RESERVE  # noqa: E402
-from dsgen.evaluation import Evaluation  # noqa: E402
+from dsgen.search.evaluation import Evaluation  # noqa: E402
+from dsgen.search.verdict import LONG_CONTEXT_BANDS, Band, band_of  # noqa: E402
 from dsgen.spec.types import Spec  # noqa: E402
-from dsgen.verdict import LONG_CONTEXT_BANDS, Band, band_of  # noqa: E402
 
 DATA = REPO / "bench" / "data" / "long_context_runs.yaml"
 VERDICT_GOAL, FRONTIER_GOAL, THROUGHPUT_GOAL = 0.90, 1.25, 1.5
@@ -183,8 +183,8 @@ def priced(run: dict[str, Any], corpus: dict[str, Any]) -> tuple[Evaluation, str
 
 
 def outcomes_by_band(evaluated: list[tuple[dict[str, Any], Evaluation]]) -> dict[Band, list[str]]:
-    """The published outcomes of the runs dsgen gives a GPU verdict, by the band (dsgen.verdict's
-    edges) their predicted fill falls in: the evidence dsgen.verdict.LONG_CONTEXT_BANDS states."""
+    """The published outcomes of the runs dsgen gives a GPU verdict, by the band (dsgen.search.verdict's
+    edges) their predicted fill falls in: the evidence dsgen.search.verdict.LONG_CONTEXT_BANDS states."""
     bands: dict[Band, list[str]] = {band: [] for band in LONG_CONTEXT_BANDS}
     for run, e in evaluated:
         if e.fit.verdict in ("fits", "tight", "oom"):
@@ -298,7 +298,7 @@ def main() -> int:
         label = f"({band.low:.0%}, {high}]"
         print(
             f"    {label:12} {len(outcomes):3} runs: {counts}"
-            f"  (dsgen.verdict.LONG_CONTEXT_BANDS says {band.runs} / {band.gpu_oom} out of GPU memory)"
+            f"  (dsgen.search.verdict.LONG_CONTEXT_BANDS says {band.runs} / {band.gpu_oom} out of GPU memory)"
         )
     leave_one_out(evaluated)
     host_bands(evaluated)

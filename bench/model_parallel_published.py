@@ -25,7 +25,7 @@ from outcome_specs import build_spec, load_corpus
 
 from dsgen.api import solve_spec
 from dsgen.errors import DsgenError
-from dsgen.evaluation import Evaluation
+from dsgen.search.evaluation import Evaluation
 from dsgen.units import GIB
 
 #: the corpus's architecture keys that dsgen's ``architecture`` block takes as they are

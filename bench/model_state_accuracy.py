@@ -175,9 +175,9 @@ def prepare(config_json: Path, case: Case) -> dict[str, Any]:
     from dsgen.estimate.memory import buffer_bytes, offloaded_host_bytes, step_buffer_bytes
     from dsgen.estimate.model_states import model_states
     from dsgen.estimate.zero12_offload import zero12_pinned_rounding
-    from dsgen.render import render
-    from dsgen.solver import solve
-    from dsgen.spec.loader import load_spec_text
+    from dsgen.intake.loader import load_spec_text
+    from dsgen.search.solver import solve
+    from dsgen.targets.render import render
 
     spec = load_spec_text(spec_text(config_json, case), file=f"<{case.name}>", base_dir=config_json.parent)
     result = solve(spec)

@@ -5,7 +5,7 @@ through ``constraints`` (stage, both offloads, checkpointing, micro-batch, accum
 ``memory_headroom`` is 0, so ``solve`` reports exactly the plan that ran. Two pricings per run:
 
 * ``dsgen`` - the plan ``solve`` returns, priced with the ZeRO knobs dsgen itself would render;
-* ``run``   - the same plan re-priced (``dsgen.evaluation.evaluate``) with the knobs the run's own config
+* ``run``   - the same plan re-priced (``dsgen.search.evaluation.evaluate``) with the knobs the run's own config
   used, DeepSpeed 0.19.8 defaults filled in where the config leaves them out, and the whole
   optimizer offloaded where it was (``offload_optimizer.ratio`` 1.0). dsgen's spec cannot pin knobs
   (bucket sizes, overlap_comm, live parameters, prefetch, sub_group_size) nor the partial-offload
@@ -31,8 +31,8 @@ from dsgen.api import load_spec, solve_spec
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.doctor.config_to_plan import pins_offload_by_default
 from dsgen.estimate.optimizers import TORCH_OPTIMIZERS
-from dsgen.evaluation import Evaluation, evaluate
 from dsgen.plan import ZeroKnobs
+from dsgen.search.evaluation import Evaluation, evaluate
 from dsgen.spec.defaults import spec_default
 from dsgen.spec.types import Spec
 
@@ -103,7 +103,7 @@ def spec_mapping(case: dict[str, Any], corpus: dict[str, Any]) -> dict[str, Any]
             "optimizer": {"type": case["optimizer"], "implementation": implementation(case)},
             # Liger-Kernel where the run turned it on (its fused linear cross-entropy leaves no logits)
             **({"liger_kernel": True} if case.get("liger_kernel") else {}),
-            # samples packed to the full length where the source says so (the verdict's lean, dsgen.verdict)
+            # samples packed to the full length where the source says so (the verdict's lean, dsgen.search.verdict)
             **({"packed_samples": True} if case.get("packed_samples") else {}),
             # the DeepSpeed release of the run (the corpus's, unless the case names its own)
             **(

@@ -1,6 +1,6 @@
 """Proof that speeding up the pricing of one candidate changes no number.
 
-Every number dsgen reports comes from :func:`dsgen.evaluation.evaluate`. This script writes, for a
+Every number dsgen reports comes from :func:`dsgen.search.evaluation.evaluate`. This script writes, for a
 generated set of specs, a canonical JSON line per priced plan: the plan's fields, every memory
 term (GPU, host, NVMe, the model-state record), the step-time terms, the verdict and the reasons,
 with floats written by ``repr`` (every bit of them). Run it before and after a change to the
@@ -43,8 +43,8 @@ from typing import Any
 
 from dsgen.api import load_spec, solve_spec
 from dsgen.errors import DsgenError
-from dsgen.evaluation import Evaluation, evaluate
 from dsgen.plan import LongContext, ModelParallel, Plan, ZeroKnobs
+from dsgen.search.evaluation import Evaluation, evaluate
 from dsgen.spec.types import Spec
 from dsgen.vocabulary import Accounting
 
@@ -169,7 +169,7 @@ def _plain(value: Any) -> Any:
     return repr(value)
 
 
-#: What an evaluation says in words or through the verdict's bands (dsgen.verdict): not pricing,
+#: What an evaluation says in words or through the verdict's bands (dsgen.search.verdict): not pricing,
 #: and worded by other modules, so a record that proves the pricing unchanged leaves them out.
 NOT_PRICING = ("@fit", "@host_capacity_note")
 
@@ -211,7 +211,7 @@ def plan_from(data: dict[str, Any]) -> Plan:
 def solver_section(specs: list[tuple[str, Spec]], out: Any, record_plans: Any | None) -> int:
     """Solve each spec; one line per ranked / best / closest evaluation. With ``record_plans``,
     also write every candidate the solver priced (the direct section's fixed list)."""
-    import dsgen.solver as solver_module
+    import dsgen.search.solver as solver_module
 
     lines = 0
     original = solver_module.evaluate

@@ -122,7 +122,7 @@ import typer; mark("import typer")
 import yaml; mark("import yaml")
 import jinja2; mark("import jinja2")
 before_count, before = created
-import dsgen.api, dsgen.cli.plan_cmd, dsgen.output, dsgen.report, dsgen.validate; mark("import dsgen")
+import dsgen.api, dsgen.cli.plan_cmd, dsgen.output, dsgen.reporting.report, dsgen.validate; mark("import dsgen")
 from pathlib import Path
 spec = dsgen.api.load_spec(Path(sys.argv[1])); mark("load spec + presets")
 result = dsgen.api.solve_spec(spec); mark("solve")
@@ -215,8 +215,8 @@ def main() -> None:
         print("instructions: not counted (valgrind is not installed)")
 
     sys.path.insert(0, str(REPO))
-    from dsgen.solver import solve
-    from dsgen.spec.loader import load_spec_text
+    from dsgen.intake.loader import load_spec_text
+    from dsgen.search.solver import solve
 
     spec = load_spec_text(SEVENTY_B_ON_64, file="70b-64gpu.yaml", base_dir=REPO)
     solve(spec)  # first call pays for lazy imports and caches

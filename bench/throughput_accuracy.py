@@ -10,7 +10,7 @@ the spread of predicted/measured tokens/s (median, min, max). Both pricings are 
 knobs and the run's knobs (see bench/outcome_specs.py).
 
 Under the solver's tie rule (issue 22) a pair predicted within ``STEP_TIME_TIE_BAND`` goes to the
-simpler plan (dsgen.ranking.simplicity_key), as ``dsgen solve`` would choose; the bench counts those
+simpler plan (dsgen.search.ranking.simplicity_key), as ``dsgen solve`` would choose; the bench counts those
 pairs as the solver orders them. It prints the band's derivation ("pair-ratio error": the median of
 |log(predicted ratio / measured ratio)| over the pairs that differ in a dimension the solver
 chooses) and the CPU-offload calibration (measured offload seconds / dsgen's first-order price,
@@ -38,8 +38,8 @@ for entry in (str(REPO), str(REPO / "bench")):
 from outcome_specs import load_corpus, price  # noqa: E402
 
 from dsgen.estimate.throughput import CPU_OFFLOAD_MEASURED_FACTOR, STEP_TIME_TIE_BAND  # noqa: E402
-from dsgen.evaluation import Evaluation  # noqa: E402
-from dsgen.ranking import rank_within_error  # noqa: E402
+from dsgen.search.evaluation import Evaluation  # noqa: E402
+from dsgen.search.ranking import rank_within_error  # noqa: E402
 from dsgen.spec.types import Spec  # noqa: E402
 
 # Measured values closer than this (relative) are a tie: within run-to-run noise they order nothing.
@@ -57,7 +57,7 @@ SOLVER_DIMENSIONS = {
 
 def preferred(a: Evaluation, b: Evaluation, rates: tuple[float, float], specs: tuple[Spec, Spec]) -> int:
     """Which of two plans dsgen puts first (0 = ``a``, 1 = ``b``). Where both steps carry the same
-    work, the solver's own ranking decides (dsgen.ranking.rank_within_error: within the tie band
+    work, the solver's own ranking decides (dsgen.search.ranking.rank_within_error: within the tie band
     the simpler plan first). Plans whose steps carry different work (another micro-batch at the
     same accumulation) are never ranked against each other by the solver, whose candidates all
     meet one global batch: those go by predicted speed in the measured unit (``rates``)."""

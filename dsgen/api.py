@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dsgen.doctor.diagnose import Diagnosis
-    from dsgen.frontier import FrontierPoint
+    from dsgen.intake.starter import StarterOptions, write_starter_spec
     from dsgen.plan import Plan
-    from dsgen.render import Rendered
-    from dsgen.solver import Scope, SolveResult
+    from dsgen.reporting.target_difference import TargetDifference
+    from dsgen.search.frontier import FrontierPoint
+    from dsgen.search.solver import Scope, SolveResult
     from dsgen.spec.types import Spec
-    from dsgen.starter import StarterOptions, write_starter_spec
-    from dsgen.sweep_output import Progress, SweepResult
-    from dsgen.target_difference import TargetDifference
+    from dsgen.sweeps.output import Progress, SweepResult
     from dsgen.targets.bundle import Bundle
+    from dsgen.targets.render import Rendered
     from dsgen.validate.method import TrainingMethod
     from dsgen.vocabulary import Accounting
 
@@ -53,8 +53,8 @@ __all__ = [
 #: then loads only what it runs (``dsgen solve`` loads no Jinja2, no sweep machinery).
 _REEXPORTS = {
     "Bundle": "dsgen.targets.bundle",
-    "StarterOptions": "dsgen.starter",
-    "write_starter_spec": "dsgen.starter",
+    "StarterOptions": "dsgen.intake.starter",
+    "write_starter_spec": "dsgen.intake.starter",
 }
 
 
@@ -78,7 +78,7 @@ def load_spec(
     there is a file. Relative paths inside a mapping (``model.hf_config``) are read from
     ``base_dir`` (default: the current directory); the mapping itself is not changed.
     """
-    from dsgen.spec import loader
+    from dsgen.intake import loader
 
     if isinstance(source, Mapping):
         from dsgen.spec.yaml_source import SourceMap
@@ -110,9 +110,9 @@ def _plain(value: Any) -> Any:
 
 def solve_spec(spec: Spec, accounting: Accounting = "dsgen", scope: Scope = "full") -> SolveResult:
     """Search the plan space; the result ranks every feasible plan (``scope="choice"``: only the
-    chosen one, :data:`dsgen.solver.Scope`). ``accounting`` is ``dsgen`` (default) or
+    chosen one, :data:`dsgen.search.solver.Scope`). ``accounting`` is ``dsgen`` (default) or
     ``deepspeed-estimator`` (DeepSpeed's own model-state estimator)."""
-    from dsgen.solver import solve
+    from dsgen.search.solver import solve
 
     return solve(spec, accounting, scope)
 
@@ -123,7 +123,7 @@ def spec_for_target(spec: Spec, target: str | None, launcher: str | None = None)
     ``new`` given the same target price the same plan. A bad target or launcher raises DsgenError."""
     if target is None and launcher is None:
         return spec  # the spec's own target, already checked by the loader
-    from dsgen.target_difference import with_target
+    from dsgen.reporting.target_difference import with_target
     from dsgen.targets.bundle import resolve
 
     chosen, _ = resolve(spec, target, launcher)
@@ -134,8 +134,8 @@ def solve_for_target(
     spec: Spec, target: str | None, accounting: Accounting = "dsgen"
 ) -> tuple[SolveResult, TargetDifference | None]:
     """:func:`solve_spec` for ``target``, and, when the target changes the plan the spec's own
-    target would run, why (:func:`dsgen.target_difference.target_difference`)."""
-    from dsgen.target_difference import target_difference
+    target would run, why (:func:`dsgen.reporting.target_difference.target_difference`)."""
+    from dsgen.reporting.target_difference import target_difference
 
     priced = spec_for_target(spec, target)
     result = solve_spec(priced, accounting)
@@ -147,8 +147,8 @@ def solve_for_target(
 def solve_json(result: SolveResult, difference: TargetDifference | None, *, target_given: bool) -> dict[str, Any]:
     """``dsgen solve --json``'s object: the result, and with ``--target`` the target and why it
     changed the plan."""
-    from dsgen.report import result_dict
-    from dsgen.target_difference import difference_dict
+    from dsgen.reporting.report import result_dict
+    from dsgen.reporting.target_difference import difference_dict
 
     body = result_dict(result)
     if target_given:
@@ -167,8 +167,8 @@ def explain_report(
     target_given: bool,
 ) -> None:
     """Write ``dsgen explain --html``'s page to ``path`` (whole, or not at all)."""
-    from dsgen.html.explain_page import explain_page
     from dsgen.output import write_atomic
+    from dsgen.reporting.html.explain_page import explain_page
 
     page = explain_page(solve_json(result, difference, target_given=target_given), explanation, spec_name)
     write_atomic(Path(path), page, force=True)
@@ -176,9 +176,9 @@ def explain_report(
 
 def frontier_report(points: list[FrontierPoint], over: str, spec_name: str, path: str | Path) -> None:
     """Write ``dsgen frontier --html``'s page to ``path`` (whole, or not at all)."""
-    from dsgen.frontier_report import frontier_dict
-    from dsgen.html.frontier_page import frontier_page
     from dsgen.output import write_atomic
+    from dsgen.reporting.frontier_report import frontier_dict
+    from dsgen.reporting.html.frontier_page import frontier_page
 
     spec = points[0].result.spec
     body = frontier_dict(points, over, with_points=True)  # type: ignore[arg-type]
@@ -188,7 +188,7 @@ def frontier_report(points: list[FrontierPoint], over: str, spec_name: str, path
 
 def render_plan(spec: Spec, plan: Plan, target: str | None = None) -> Rendered:
     """Render and validate the config of ``plan`` for ``target`` (default: the spec's output target)."""
-    from dsgen.render import render
+    from dsgen.targets.render import render
 
     return render(spec, plan, target or spec.output.target)
 
@@ -197,7 +197,7 @@ def build_config(
     path: str | Path, overrides: list[str] | tuple[str, ...] = (), accounting: Accounting = "dsgen"
 ) -> tuple[SolveResult, Rendered]:
     """Load, solve (raising InfeasibleError, exit 3, when nothing fits) and render in one call."""
-    from dsgen.solver import require_feasible
+    from dsgen.search.solver import require_feasible
 
     spec = load_spec(path, overrides)
     result = solve_spec(spec, accounting)
@@ -252,8 +252,8 @@ def doctor(
 
 
 def _release_name(version: str) -> str:
-    from dsgen.deepspeed_release import normalize_release
     from dsgen.errors import DsgenError
+    from dsgen.facts.release import normalize_release
 
     try:
         return normalize_release(version)
@@ -274,11 +274,11 @@ def run_sweep_to(
 
     ``output=None`` solves without writing anything (a dry run). The directory appears whole or
     not at all; ``force`` replaces only a directory an earlier dsgen run wrote. ``max_runs``
-    (default :data:`dsgen.sweep.MAX_RUNS`) refuses sweeps that expand to more runs;
+    (default :data:`dsgen.sweeps.runner.MAX_RUNS`) refuses sweeps that expand to more runs;
     ``max_parallel`` caps how many tasks of each Slurm job array in ``submit.sh`` run at once.
     """
-    from dsgen.sweep import MAX_RUNS, load_sweep
-    from dsgen.sweep_output import solve_sweep, write_sweep
+    from dsgen.sweeps.output import solve_sweep, write_sweep
+    from dsgen.sweeps.runner import MAX_RUNS, load_sweep
 
     max_runs = MAX_RUNS if max_runs is None else max_runs
 
@@ -316,11 +316,11 @@ def build_bundle(
     """:func:`build_config` for a whole target bundle (``dsgen new --target/--launcher``).
 
     ``allow_tight``: when no plan fits below the safe line, take the fastest "tight" one (below
-    GPU capacity, above the line; dsgen.verdict) rather than raising InfeasibleError. ``scope``:
-    ``choice`` when only the chosen plan is shown (:data:`dsgen.solver.Scope`)."""
+    GPU capacity, above the line; dsgen.search.verdict) rather than raising InfeasibleError. ``scope``:
+    ``choice`` when only the chosen plan is shown (:data:`dsgen.search.solver.Scope`)."""
     from dataclasses import replace
 
-    from dsgen.solver import require_feasible
+    from dsgen.search.solver import require_feasible
     from dsgen.targets.bundle import resolve
 
     spec = load_spec(path, overrides)
@@ -346,7 +346,7 @@ def frontier_of(spec: Spec, over: str = "sequence_length", gpus: list[int] | Non
     """The largest ``over`` (sequence_length or micro_batch_size) that fits, one point per GPU
     count (``dsgen frontier``): bisection over the solver, each point solved in full."""
     from dsgen.errors import DsgenError
-    from dsgen.frontier import OVER_CHOICES, frontier
+    from dsgen.search.frontier import OVER_CHOICES, frontier
 
     if over not in OVER_CHOICES:
         raise DsgenError(f"must be one of {', '.join(OVER_CHOICES)}, got {over!r}", path="--over")

@@ -125,7 +125,7 @@ class LongContext:
 class ModelParallel:
     """DeepSpeed's model parallelism of a plan: the AutoTP degree (``tensor_parallel.autotp_size``)
     and the AutoEP degree (``expert_parallel.autoep_size``); 1 is off. The rules that decide which
-    layouts a release runs are :mod:`dsgen.model_parallel`'s."""
+    layouts a release runs are :mod:`dsgen.facts.model_parallel`'s."""
 
     tensor_parallel_size: int = 1
     expert_parallel_size: int = 1

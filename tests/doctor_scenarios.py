@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from dsgen.spec.loader import load_spec_text
+from dsgen.intake.loader import load_spec_text
 from dsgen.spec.types import Spec
 from dsgen.validate import loader
 

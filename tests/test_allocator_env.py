@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dsgen.solver import solve
-from dsgen.spec.loader import load_spec_text
+from dsgen.intake.loader import load_spec_text
+from dsgen.search.solver import solve
 from dsgen.targets.bundle import render_bundle, write_bundle
 from tests.conftest import EXAMPLES_DIR, require_module
 

@@ -7,8 +7,8 @@ import pytest
 
 from dsgen.api import solve_spec
 from dsgen.errors import DsgenError
-from dsgen.report import human_summary, result_dict
-from dsgen.spec.loader import load_spec_text
+from dsgen.intake.loader import load_spec_text
+from dsgen.reporting.report import human_summary, result_dict
 from tests.conftest import EXAMPLES_DIR
 
 

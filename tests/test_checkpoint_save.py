@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dsgen.api import load_spec, render_bundle, solve_spec
-from dsgen.evaluation import evaluate
+from dsgen.search.evaluation import evaluate
 from dsgen.targets.bundle import write_bundle
 from tests.conftest import EXAMPLES_DIR, require_module
 from tests.test_deepspeed_oracle import TINY_SPEC
@@ -141,7 +141,7 @@ def test_a_save_that_runs_out_on_the_gathered_model_names_the_key_that_drops_it(
     # of host RAM: the save peaks above training by rank 0's gathered bf16 model, 2 x
     # 70,553,706,496 parameters (its safetensors index's total_size, 141,107,412,992 bytes)
     from dsgen.doctor.diagnose import diagnose
-    from dsgen.spec.loader import load_spec_text
+    from dsgen.intake.loader import load_spec_text
 
     spec = load_spec_text(
         "model: {preset: llama-3.1-70b}\n"

@@ -16,7 +16,7 @@ import yaml
 
 from dsgen.api import load_spec, solve_spec
 from dsgen.errors import ExitCode
-from dsgen.ranking import dominates
+from dsgen.search.ranking import dominates
 from tests.cli_helpers import run_cli
 from tests.conftest import EXAMPLES_DIR, REPO_ROOT, bench_module
 

@@ -105,7 +105,7 @@ def test_every_commented_starter_key_loads_when_uncommented(tmp_path: Path) -> N
     import re
 
     from dsgen.api import load_spec
-    from dsgen.starter import StarterOptions, starter_spec
+    from dsgen.intake.starter import StarterOptions, starter_spec
 
     lines = starter_spec(StarterOptions()).splitlines()
     suggested = [i for i, line in enumerate(lines) if re.match(r"^ *# +[a-z_]+: \S", line)]

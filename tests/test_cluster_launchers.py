@@ -748,7 +748,7 @@ def test_docs_cluster_launcher_examples_run(tmp_path: Path, capsys, monkeypatch:
 
 
 def test_max_parallel_is_optional_and_positive(tmp_path: Path, capsys) -> None:
-    from dsgen.sweep_submit import SlurmArray, submit_script
+    from dsgen.sweeps.submit import SlurmArray, submit_script
 
     text = submit_script([SlurmArray(2, 8, 1, ("a", "b", "c"), "100G", "0-02:00:00")], None)
     assert "--array=0-2 " in text and "%" not in text and "DSGEN_TIME" not in text

@@ -19,11 +19,11 @@ SPEC = str(EXAMPLES_DIR / "llama-3.1-8b-8xh100.yaml")
 WATCHED = (
     "jinja2",
     "jsonschema",
-    "dsgen.sweep",
-    "dsgen.sweep_output",
-    "dsgen.name_template",
-    "dsgen.solver",
-    "dsgen.render",
+    "dsgen.sweeps.runner",
+    "dsgen.sweeps.output",
+    "dsgen.sweeps.name_template",
+    "dsgen.search.solver",
+    "dsgen.targets.render",
 )
 
 _PROBE = """
@@ -59,11 +59,35 @@ def _loaded(args: list[str], cwd: Path) -> tuple[int, set[str]]:
     [
         (
             ["solve", SPEC, "--json"],
-            {"jinja2", "dsgen.sweep", "dsgen.sweep_output", "dsgen.name_template", "dsgen.render"},
+            {
+                "jinja2",
+                "dsgen.sweeps.runner",
+                "dsgen.sweeps.output",
+                "dsgen.sweeps.name_template",
+                "dsgen.targets.render",
+            },
         ),
-        (["explain", SPEC], {"jinja2", "dsgen.sweep", "dsgen.name_template", "dsgen.render"}),
-        (["presets", "gpus"], {"jinja2", "dsgen.sweep", "dsgen.name_template", "dsgen.solver", "dsgen.render"}),
-        (["schema", "spec"], {"jinja2", "dsgen.sweep", "dsgen.name_template", "dsgen.solver", "dsgen.render"}),
+        (["explain", SPEC], {"jinja2", "dsgen.sweeps.runner", "dsgen.sweeps.name_template", "dsgen.targets.render"}),
+        (
+            ["presets", "gpus"],
+            {
+                "jinja2",
+                "dsgen.sweeps.runner",
+                "dsgen.sweeps.name_template",
+                "dsgen.search.solver",
+                "dsgen.targets.render",
+            },
+        ),
+        (
+            ["schema", "spec"],
+            {
+                "jinja2",
+                "dsgen.sweeps.runner",
+                "dsgen.sweeps.name_template",
+                "dsgen.search.solver",
+                "dsgen.targets.render",
+            },
+        ),
     ],
 )
 def test_a_command_loads_none_of_what_it_does_not_run(args: list[str], never: set[str], tmp_path: Path) -> None:
@@ -77,12 +101,12 @@ def test_validate_loads_no_solver(tmp_path: Path) -> None:
     config.write_text(json.dumps({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 1}))
     code, loaded = _loaded(["validate", str(config), "--world-size", "8"], tmp_path)
     assert code in (0, 1, None)
-    assert "dsgen.solver" not in loaded and "jinja2" not in loaded
+    assert "dsgen.search.solver" not in loaded and "jinja2" not in loaded
 
 
 @pytest.mark.parametrize("command", ["new", "solve", "validate"])
 def test_a_valid_document_never_imports_jsonschema(command: str, tmp_path: Path) -> None:
-    """jsonschema-rs passes it (dsgen/schema_gate.py); jsonschema is imported only to explain a failure."""
+    """jsonschema-rs passes it (dsgen/intake/schema_gate.py); jsonschema is imported only to explain a failure."""
     if command == "validate":
         config = tmp_path / "ds_config.json"
         config.write_text(json.dumps({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 1}))
@@ -106,4 +130,4 @@ def test_the_probe_sees_what_a_command_does_load(tmp_path: Path) -> None:
     """``new`` renders through Jinja2: the probe must report it, or the cases above prove nothing."""
     code, loaded = _loaded(["new", SPEC, "-o", str(tmp_path / "ds.json")], tmp_path)
     assert code in (0, None)
-    assert {"jinja2", "dsgen.render", "dsgen.solver"} <= loaded
+    assert {"jinja2", "dsgen.targets.render", "dsgen.search.solver"} <= loaded

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 
 from dsgen.api import load_spec, render_plan, solve_spec
+from dsgen.intake.loader import spec_from_data
 from dsgen.plan import Plan
-from dsgen.spec.loader import spec_from_data
 from dsgen.spec.yaml_source import SourceMap
 from dsgen.validate import validate_config
 from tests.conftest import EXAMPLES_DIR, require_module

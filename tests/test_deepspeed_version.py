@@ -18,8 +18,8 @@ import pytest
 from dsgen.api import doctor
 from dsgen.doctor.config_to_plan import PINNED_OFFLOAD_DEFAULT_SINCE
 from dsgen.errors import DsgenError
-from dsgen.solver import solve
-from dsgen.spec.loader import load_spec_text
+from dsgen.intake.loader import load_spec_text
+from dsgen.search.solver import solve
 from tests.cli_helpers import run_cli
 from tests.conftest import EXAMPLES_DIR, require_module
 

@@ -111,7 +111,7 @@ def test_hostile_configs_give_a_diagnosis_never_a_crash() -> None:
 
 
 def test_partial_offload_fixes_are_accepted_by_deepspeed() -> None:
-    from dsgen.spec.loader import load_spec_text
+    from dsgen.intake.loader import load_spec_text
     from dsgen.validate import validate_config
     from tests.conftest import require_module
 

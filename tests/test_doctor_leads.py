@@ -23,7 +23,7 @@ from dsgen.doctor.diagnose import Diagnosis, diagnose
 from dsgen.doctor.keys import with_changes
 from dsgen.doctor.spec_batch import doctor_spec
 from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
-from dsgen.ranking import rank_within_error
+from dsgen.search.ranking import rank_within_error
 from tests.cli_helpers import run_cli
 from tests.conftest import EXAMPLES_DIR
 

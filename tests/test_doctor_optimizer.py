@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from dsgen.doctor.diagnose import diagnose
-from dsgen.spec.loader import load_spec_text
+from dsgen.intake.loader import load_spec_text
 from tests.conftest import EXAMPLES_DIR, bench_module, require_module
 
 SLICE = 124_439_808 // 8

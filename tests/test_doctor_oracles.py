@@ -14,7 +14,7 @@ from dsgen.doctor.auto_values import auto_keys, resolve
 from dsgen.doctor.batch import Parallel, derive
 from dsgen.doctor.config_to_plan import config_to_plan, precision_of
 from dsgen.doctor.keys import get
-from dsgen.spec.loader import load_spec_text
+from dsgen.intake.loader import load_spec_text
 from dsgen.validate import loader
 from tests.conftest import EXAMPLES_DIR, require_module
 from tests.doctor_scenarios import trainer_resolved

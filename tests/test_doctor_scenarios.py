@@ -16,8 +16,8 @@ import pytest
 
 from dsgen.doctor.diagnose import diagnose
 from dsgen.doctor.keys import MISSING, get
+from dsgen.search.verdict import BANDS
 from dsgen.validate import validate_config
-from dsgen.verdict import BANDS
 from tests.conftest import require_module
 from tests.doctor_scenarios import SCENARIOS, load_scenario, trainer_resolved
 
@@ -25,7 +25,7 @@ from tests.doctor_scenarios import SCENARIOS, load_scenario, trainer_resolved
 KNOWN_MISSES = {
     # ds5507 (77.7 of 79.1 GiB) and ds7482 (36.5 of 39.4 GiB at micro-batch 1, 2048 tokens) were misses
     # while the verdict was a yes/no at capacity; both are now "tight", the calibrated band of runs
-    # that mostly ran out of memory (dsgen.verdict), and are counted.
+    # that mostly ran out of memory (dsgen.search.verdict), and are counted.
     "llava-v15-7b-z3-8xa100-40g-fits.yaml": f"predicted at 97 % of capacity: the tight band, where "
     f"{BANDS[1].gpu_oom} of {BANDS[1].runs} published runs ran out of memory; this one fit",
 }

@@ -17,8 +17,8 @@ from conftest import EXAMPLES_DIR
 from dsgen.api import solve_spec
 from dsgen.errors import DsgenError
 from dsgen.estimate.objectives import reference_source
-from dsgen.evaluation import evaluate
-from dsgen.spec.loader import load_spec_text
+from dsgen.intake.loader import load_spec_text
+from dsgen.search.evaluation import evaluate
 from dsgen.units import GIB
 
 

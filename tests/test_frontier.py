@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from dsgen.api import frontier_of, load_spec, solve_spec
-from dsgen.frontier import SEQUENCE_GRANULE, FrontierPoint
-from dsgen.solver import fits_any
+from dsgen.search.frontier import SEQUENCE_GRANULE, FrontierPoint
+from dsgen.search.solver import fits_any
 from dsgen.spec.types import Spec
 from tests.cli_helpers import run_cli
 
@@ -32,7 +32,7 @@ def spec_file(tmp_path: Path) -> Path:
 
 
 def _solve_at(spec, gpus: int, seq: int):
-    from dsgen.frontier import spec_for_gpus
+    from dsgen.search.frontier import spec_for_gpus
 
     at = spec_for_gpus(spec, gpus)
     constraints = replace(at.constraints, allow_batch_rounding="nearest")

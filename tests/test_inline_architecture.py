@@ -8,7 +8,7 @@ import pytest
 
 from dsgen.catalog.presets import model_presets, published_parameter_counts
 from dsgen.estimate.throughput import model_flops_per_token
-from dsgen.spec.loader import load_spec_text
+from dsgen.intake.loader import load_spec_text
 from tests.conftest import EXAMPLES_DIR
 
 # one preset per family the architecture block accepts (mixtral has no preset)

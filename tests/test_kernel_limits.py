@@ -13,11 +13,11 @@ from dsgen.catalog.presets import get_model
 from dsgen.errors import DsgenError, InfeasibleError
 from dsgen.estimate.kernel_limits import INDEX_LIMIT, kernel_limit
 from dsgen.estimate.layer_backward import _kernel_workspace
-from dsgen.evaluation import evaluate
-from dsgen.frontier import frontier_point
+from dsgen.intake.loader import load_spec_text
 from dsgen.plan import LongContext, Plan
-from dsgen.solver import require_feasible, solve
-from dsgen.spec.loader import load_spec_text
+from dsgen.search.evaluation import evaluate
+from dsgen.search.frontier import frontier_point
+from dsgen.search.solver import require_feasible, solve
 
 LLAMA_8B = get_model("llama-3.1-8b")
 

@@ -18,8 +18,8 @@ from dsgen.catalog.presets import model_presets
 from dsgen.errors import DsgenError, ExitCode
 from dsgen.estimate.activations import estimate_activations
 from dsgen.estimate.memory import estimate_memory
+from dsgen.intake.loader import load_spec_text
 from dsgen.plan import LongContext
-from dsgen.spec.loader import load_spec_text
 from tests.cli_helpers import run_cli, sweep_rows
 from tests.conftest import EXAMPLES_DIR
 

@@ -11,8 +11,8 @@ import pytest
 from dsgen.api import load_spec, solve_spec
 from dsgen.errors import DsgenError, ExitCode
 from dsgen.estimate.memory import estimate_memory
+from dsgen.intake.loader import load_spec_text
 from dsgen.plan import LongContext
-from dsgen.spec.loader import load_spec_text
 from tests.cli_helpers import run_cli
 from tests.conftest import EXAMPLES_DIR
 
@@ -62,7 +62,7 @@ def test_deepspeed_ulysses_rules() -> None:
     UlyssesSPDataLoaderAdapter refuses a sequence that does not split. Qwen2.5-7B has 28 query
     heads and 4 kv heads: SP 8 breaks the first rule (28 % 8), SP 2 and 4 are fine."""
     qwen = spec_of(model="qwen2.5-7b", gpus=8)
-    from dsgen.long_context import sequence_parallel_degrees
+    from dsgen.search.long_context import sequence_parallel_degrees
 
     assert sequence_parallel_degrees(qwen, search=True) == (1, 2, 4)
     with pytest.raises(DsgenError, match="28 query heads"):

@@ -14,8 +14,8 @@ import weakref
 import pytest
 
 from dsgen.api import solve_spec
-from dsgen.evaluation import evaluate
-from dsgen.spec.loader import load_spec_text
+from dsgen.intake.loader import load_spec_text
+from dsgen.search.evaluation import evaluate
 from tests.conftest import EXAMPLES_DIR, require_module
 
 SPEC = """\

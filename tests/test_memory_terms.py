@@ -24,8 +24,8 @@ from dsgen.estimate.memory import (
     startup_host_bytes,
 )
 from dsgen.estimate.model_states import model_states, pinned
+from dsgen.intake.loader import load_spec_text
 from dsgen.plan import Plan, ZeroKnobs
-from dsgen.spec.loader import load_spec_text
 from dsgen.spec.types import Spec
 from tests.conftest import EXAMPLES_DIR, require_module
 from tests.test_model_states import ODD  # one llama layer: h = 3, one head of 3, f = 5, V = 7, untied; 132 parameters

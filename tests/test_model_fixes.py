@@ -14,8 +14,8 @@ from dsgen.errors import DsgenError
 from dsgen.estimate.memory import estimate_memory, nvme_bytes
 from dsgen.estimate.model_states import model_states
 from dsgen.estimate.throughput import estimate_step_time
+from dsgen.intake.loader import load_spec_text
 from dsgen.plan import Plan, ZeroKnobs
-from dsgen.spec.loader import load_spec_text
 from dsgen.spec.types import Spec
 from tests.conftest import EXAMPLES_DIR
 

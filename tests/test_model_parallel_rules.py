@@ -1,4 +1,4 @@
-"""AutoTP and AutoEP rules (dsgen/model_parallel.py, dsgen/validate/rules/model_parallel.py) against
+"""AutoTP and AutoEP rules (dsgen/facts/model_parallel.py, dsgen/validate/rules/model_parallel.py) against
 DeepSpeed's own code.
 
 1. Per rule of the pure module, a layout that breaks it and a near miss that does not.
@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from dsgen.model_parallel import (
+from dsgen.facts.model_parallel import (
     AUTOEP_PRESETS,
     Layout,
     ModelFacts,

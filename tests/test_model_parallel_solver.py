@@ -1,7 +1,7 @@
 """AutoTP and AutoEP as search dimensions: what the solver proposes, refuses and reports.
 
-The layouts it may propose are DeepSpeed's (dsgen.model_parallel, each rule checked against DeepSpeed
-in tests/test_model_parallel_rules.py) within what dsgen prices (dsgen.model_parallel_choices); the
+The layouts it may propose are DeepSpeed's (dsgen.facts.model_parallel, each rule checked against DeepSpeed
+in tests/test_model_parallel_rules.py) within what dsgen prices (dsgen.search.model_parallel_choices); the
 choice between them is the ranking rule's like every other dimension (docs/how-dsgen-chooses.md): never
 a plan slower and larger than another, and within the step-time model's measured error room to spare
 below the safe line first, then fewer moving parts (model parallelism is one), then the simpler plan.
@@ -17,8 +17,8 @@ import pytest
 from dsgen.api import load_spec, solve_spec
 from dsgen.errors import DsgenError
 from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
-from dsgen.solver import SolveResult
-from dsgen.verdict import ROOM_LINE, SAFE_LINE
+from dsgen.search.solver import SolveResult
+from dsgen.search.verdict import ROOM_LINE, SAFE_LINE
 from tests.cli_helpers import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -261,7 +261,7 @@ def test_every_preset_layout_adds_up() -> None:
 
 def test_solver_knob_variants_never_grow_zero3_states() -> None:
     """The solver assumes each knob variant needs no more memory than the one before it."""
-    from dsgen.knob_variants import knob_variants
+    from dsgen.search.knob_variants import knob_variants
 
     for name in ("llama-3.1-8b", "llama-3.1-70b", "mixtral-8x7b"):
         shape = get_model(name)

@@ -298,7 +298,7 @@ def test_what_the_reader_assumed_is_a_note_in_the_plan_not_a_python_warning(tmp_
     """The CLI and --json users see the assumption as one of the plan's notes, not as a Python
     warning with a source line."""
     from dsgen.api import load_spec, solve_spec
-    from dsgen.report import result_dict
+    from dsgen.reporting.report import result_dict
 
     data = _transformers_config("llama", {**_SMALL, "num_key_value_heads": 2, "intermediate_size": 512}).to_dict()
     (tmp_path / "config.json").write_text(json.dumps({**data, "model_type": "my_new_decoder"}), encoding="utf-8")
@@ -796,7 +796,7 @@ def test_preset_is_its_published_config_and_transformers_count(name: str, tmp_pa
 
 def test_a_spec_may_point_hf_config_at_a_model_folder(tmp_path: Path) -> None:
     """``model.hf_config`` names a local snapshot folder holding config.json, as a user has it."""
-    from dsgen.spec.loader import load_spec_text
+    from dsgen.intake.loader import load_spec_text
 
     _write(_transformers_config("qwen3_moe", VARIANTS["qwen3_moe"]), tmp_path / "Qwen3-MoE-tiny")
     spec_text = (

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from dsgen.api import render_plan
-from dsgen.report import script_requirements
-from dsgen.solver import solve
-from dsgen.spec.loader import load_spec_text
+from dsgen.intake.loader import load_spec_text
+from dsgen.reporting.report import script_requirements
+from dsgen.search.solver import solve
 from tests.conftest import REPO_ROOT, require_module
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))

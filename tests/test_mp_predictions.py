@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from dsgen import api
-from dsgen.evaluation import Evaluation
+from dsgen.search.evaluation import Evaluation
 from tests.mp_cases import CASES, EP_CASES, TP_CASES, measured
 from tests.mp_oracle import DEFAULT_CASE
 from tests.tiny_models import TINY_MODELS

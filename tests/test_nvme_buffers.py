@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from dsgen.api import render_plan, solve_spec
-from dsgen.solver import require_feasible
-from dsgen.spec.loader import load_spec_text
+from dsgen.intake.loader import load_spec_text
+from dsgen.search.solver import require_feasible
 from tests.conftest import EXAMPLES_DIR
 
 GPUS = 8

@@ -7,9 +7,9 @@ from dataclasses import replace
 from dsgen.api import solve_spec
 from dsgen.doctor.oom_match import read_oom
 from dsgen.doctor.oom_message import parse_oom
-from dsgen.evaluation import evaluate
-from dsgen.solver import require_feasible
-from dsgen.spec.loader import load_spec_text
+from dsgen.intake.loader import load_spec_text
+from dsgen.search.evaluation import evaluate
+from dsgen.search.solver import require_feasible
 from tests.conftest import EXAMPLES_DIR
 
 GPT2_PARAMETERS = 124_439_808  # published GPT-2 small, tied head

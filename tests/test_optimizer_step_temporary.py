@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from dsgen.api import solve_spec
-from dsgen.deepspeed_blocks import optimizer_block
 from dsgen.errors import DsgenError
-from dsgen.evaluation import evaluate
-from dsgen.spec.loader import load_spec_text
+from dsgen.intake.loader import load_spec_text
+from dsgen.search.evaluation import evaluate
+from dsgen.targets.deepspeed_blocks import optimizer_block
 from tests.conftest import EXAMPLES_DIR
 
 GPT2_PARAMETERS = 124_439_808

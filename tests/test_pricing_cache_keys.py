@@ -52,11 +52,11 @@ from typing import Any
 import pytest
 
 from dsgen.estimate import memory, model_states, sequence_parallel, throughput
-from dsgen.evaluation import evaluate
-from dsgen.global_batch import global_batch_target
+from dsgen.intake.loader import load_spec_text
 from dsgen.plan import ModelParallel, Plan, ZeroKnobs, simplest_plan
-from dsgen.solver import _search
-from dsgen.spec.loader import load_spec_text
+from dsgen.search.evaluation import evaluate
+from dsgen.search.global_batch import global_batch_target
+from dsgen.search.solver import _search
 from dsgen.spec.types import Spec
 from dsgen.vocabulary import Precision
 
@@ -631,7 +631,7 @@ def test_the_lru_keyed_wrappers_key_on_the_plan_fields_they_pass(monkeypatch: py
 
 
 # ---------------------------------------------------------------------------------------------
-# The solver's shared floors (dsgen/solver.py, scope="choice"): one step_time_floor serves every
+# The solver's shared floors (dsgen/search/solver.py, scope="choice"): one step_time_floor serves every
 # structure that differs only in what no floor reads, by the solver's own key, which leaves out
 # the knobs, and the stage below ZeRO-3 when nothing is offloaded and no long-context trick is on
 
@@ -660,7 +660,7 @@ def test_the_floor_never_rises_with_the_micro_batch_without_model_parallel_or_lo
     calls: list[Call],
 ) -> None:
     # the solver orders families by their lowest floor and reads only the largest split's for such
-    # structures (dsgen.solver.floor_falls_with_micro): every split of the same batch, compared
+    # structures (dsgen.search.solver.floor_falls_with_micro): every split of the same batch, compared
     priced = {c.arguments["plan"]: c.arguments for c in calls if c.term.name == "offload_s"}
     checked = 0
     for plan, a in list(priced.items())[::4]:

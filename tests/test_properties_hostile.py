@@ -28,11 +28,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dsgen.errors import DsgenError
-from dsgen.solver import solve
-from dsgen.spec.loader import spec_from_data
-from dsgen.spec.overrides import apply_overrides
+from dsgen.intake.loader import spec_from_data
+from dsgen.intake.overrides import apply_overrides
+from dsgen.search.solver import solve
 from dsgen.spec.yaml_source import load_yaml
-from dsgen.sweep import load_sweep
+from dsgen.sweeps.runner import load_sweep
 from dsgen.validate import validate_config
 from dsgen.validate.loader import loads
 from tests.conftest import EXAMPLES_DIR

@@ -14,13 +14,13 @@ import pytest
 
 from dsgen.api import load_spec, solve_spec
 from dsgen.estimate.throughput import STEP_TIME_TIE_BAND, StepTime
-from dsgen.evaluation import Evaluation, evaluate
-from dsgen.knob_variants import default_knobs
+from dsgen.intake.loader import load_spec_text
 from dsgen.plan import LongContext, ModelParallel, Plan
-from dsgen.ranking import decided_by, dominates, moving_parts, rank_within_error, undominated
-from dsgen.spec.loader import load_spec_text
+from dsgen.search.evaluation import Evaluation, evaluate
+from dsgen.search.knob_variants import default_knobs
+from dsgen.search.ranking import decided_by, dominates, moving_parts, rank_within_error, undominated
+from dsgen.search.verdict import ROOM_LINE, SAFE_LINE
 from dsgen.units import GIB
-from dsgen.verdict import ROOM_LINE, SAFE_LINE
 from tests.conftest import EXAMPLES_DIR
 
 SPEC = """
@@ -164,7 +164,7 @@ model: {preset: llama-3.1-70b}
 hardware: {gpu: h100-80gb, gpus_per_node: 8, nodes: 4, cpu_memory_gib: 1024}
 training: {sequence_length: 2048, global_batch_size: 256}
 """
-    from dsgen.solver import solve
+    from dsgen.search.solver import solve
 
     # the issue's question, asked before AutoTP was a dimension: ZeRO-3 without offload
     result = solve(_spec(text + "constraints: {tensor_parallel_size: 1}\n"))

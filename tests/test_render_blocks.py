@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from dsgen.api import render_plan, solve_spec
-from dsgen.evaluation import Evaluation
-from dsgen.solver import require_feasible
-from dsgen.spec.loader import load_spec_text
+from dsgen.intake.loader import load_spec_text
+from dsgen.search.evaluation import Evaluation
+from dsgen.search.solver import require_feasible
 from dsgen.spec.types import Spec
 from tests.conftest import EXAMPLES_DIR
 

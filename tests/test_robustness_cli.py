@@ -152,7 +152,7 @@ def test_render_works_without_a_home_directory(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """HOME unset and a uid with no passwd entry: Path.home() raises RuntimeError."""
-    from dsgen import render
+    from dsgen.targets import render
 
     def no_home() -> Path:
         raise RuntimeError("Could not determine home directory.")

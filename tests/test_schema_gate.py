@@ -1,4 +1,4 @@
-"""The jsonschema-rs gate (dsgen/schema_gate.py) passes a document only where jsonschema finds nothing.
+"""The jsonschema-rs gate (dsgen/intake/schema_gate.py) passes a document only where jsonschema finds nothing.
 
 The gate decides when jsonschema is imported at all, so a wrong "valid" would hide an error from
 every command. These tests hold it against jsonschema itself: on the 345 real configs (under each
@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dsgen.intake import schema_errors
+from dsgen.intake.schema_gate import compile_gate, contains_string
 from dsgen.resources import schema_path
-from dsgen.schema_gate import compile_gate, contains_string
-from dsgen.spec import schema_errors
 from dsgen.spec.yaml_source import load_yaml
 from dsgen.validate import schema_findings
 from dsgen.validate.loader import load
@@ -96,7 +96,7 @@ def test_a_value_jsonschema_rs_cannot_read_is_left_to_jsonschema(value: Any) -> 
 
 def test_a_spec_value_the_gate_cannot_read_still_gets_its_message() -> None:
     from dsgen.errors import DsgenError
-    from dsgen.spec.loader import load_spec_text
+    from dsgen.intake.loader import load_spec_text
 
     text = (EXAMPLES_DIR / "llama-3.1-8b-8xh100.yaml").read_text(encoding="utf-8")
     assert "sequence_length: 4096" in text

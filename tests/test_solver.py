@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, assume, given, settings
 from dsgen.api import load_spec, solve_spec
 from dsgen.errors import DsgenError, ExitCode, InfeasibleError
 from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
-from dsgen.global_batch import resolve_global_batch
-from dsgen.ranking import TIE_RANKED
-from dsgen.report import result_dict
-from dsgen.solver import require_feasible
-from dsgen.spec.loader import load_spec_text, spec_from_data
+from dsgen.intake.loader import load_spec_text, spec_from_data
+from dsgen.reporting.report import result_dict
+from dsgen.search.global_batch import resolve_global_batch
+from dsgen.search.ranking import TIE_RANKED
+from dsgen.search.solver import require_feasible
 from dsgen.spec.yaml_source import SourceMap
 from tests.cli_helpers import run_cli
 from tests.conftest import EXAMPLES_DIR

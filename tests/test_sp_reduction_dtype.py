@@ -17,7 +17,7 @@ import pytest
 
 from dsgen.api import load_spec, render_bundle, solve_spec
 from dsgen.doctor.diagnose import diagnose
-from dsgen.spec.loader import load_spec_text
+from dsgen.intake.loader import load_spec_text
 from dsgen.spec.types import Spec
 from tests.cli_helpers import sweep_rows
 from tests.conftest import EXAMPLES_DIR, require_module

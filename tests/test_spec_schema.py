@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 
 from dsgen.catalog.presets import GPUS_DIR, MODELS_DIR
 from dsgen.errors import DsgenError
+from dsgen.intake.loader import load_spec_text
+from dsgen.intake.schema_errors import check_against_schema
 from dsgen.resources import schema_path
-from dsgen.spec.loader import load_spec_text
-from dsgen.spec.schema_errors import check_against_schema
 from dsgen.spec.yaml_source import load_yaml
 from tests.conftest import EXAMPLES_DIR, REPO_ROOT
 from tests.spec_strategies import specs

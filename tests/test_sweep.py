@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from dsgen.errors import DsgenError
-from dsgen.sweep import load_sweep
+from dsgen.sweeps.runner import load_sweep
 from tests.cli_helpers import run_cli
 from tests.conftest import require_module
 
@@ -246,7 +246,7 @@ def test_fifty_run_sweep_is_accepted_by_deepspeed(tmp_path: Path, capsys) -> Non
 
 
 def test_parallel_and_sequential_sweeps_agree(tmp_path: Path) -> None:
-    from dsgen.sweep import manifest_row, run_sweep
+    from dsgen.sweeps.runner import manifest_row, run_sweep
 
     text = SWEEP.replace("[1024, 4096]", "[512, 1024, 2048, 4096, 8192]").replace(
         "[llama-3.2-1b, qwen2.5-0.5b]", "[llama-3.2-1b, qwen2.5-0.5b, gpt2, llama-3.1-8b]"

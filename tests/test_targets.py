@@ -557,8 +557,8 @@ def test_spec_output_section_chooses_target_and_launcher(
 
 
 def test_docs_list_every_template_variable(plans: dict[str, tuple[Spec, Plan]]) -> None:
-    from dsgen.render import template_context
     from dsgen.targets.context import target_context
+    from dsgen.targets.render import template_context
 
     spec, plan = plans["8b-1x8xh100"]
     context = template_context(spec, plan, target_context(spec, plan, "hf-trainer", "torchrun"))

@@ -14,7 +14,7 @@ import pytest
 
 from dsgen.api import load_spec, solve_spec
 from dsgen.estimate.throughput import estimate_step_time, model_flops_per_token
-from dsgen.solver import require_feasible
+from dsgen.search.solver import require_feasible
 from tests.conftest import EXAMPLES_DIR
 
 EXAMPLE = EXAMPLES_DIR / "llama-3.1-8b-8xh100.yaml"  # 8 x H100, 4,096-token sequences, 256 per step

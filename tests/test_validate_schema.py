@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dsgen.deepspeed_release import SUPPORTED
+from dsgen.facts.release import SUPPORTED
 from dsgen.resources import schema_path
 from dsgen.validate import validate_config
 from dsgen.validate.loader import loads

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dsgen.deepspeed_release import normalize_version
+from dsgen.facts.release import normalize_version
 from dsgen.validate import validate_config
 
 MB = {"train_micro_batch_size_per_gpu": 2}

@@ -1,7 +1,7 @@
 """One verdict vocabulary (issue 22): calibrated bands whose evidence is the published corpus, and
 doctor fixes that come from the solver's own search.
 
-The band counts in dsgen.verdict.BANDS are re-derived here from bench/data/fit_outcomes.yaml with
+The band counts in dsgen.search.verdict.BANDS are re-derived here from bench/data/fit_outcomes.yaml with
 ``dsgen doctor``'s own predictions, so the evidence a user reads cannot drift from the data.
 """
 
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from dsgen.doctor.diagnose import diagnose
-from dsgen.solver import solve
-from dsgen.spec.loader import load_spec_text
-from dsgen.verdict import (
+from dsgen.intake.loader import load_spec_text
+from dsgen.search.solver import solve
+from dsgen.search.verdict import (
     BANDS,
     HELD_OUT_BANDS,
     LONG_CONTEXT_BANDS,
@@ -154,7 +154,7 @@ def test_a_tight_verdict_leans_to_what_its_governing_corpus_mostly_did() -> None
 
 
 def test_an_evenly_split_band_leans_to_out_of_memory() -> None:
-    from dsgen.verdict import Band, FitVerdict
+    from dsgen.search.verdict import Band, FitVerdict
 
     split = Band("tight", SAFE_LINE, 1.0, runs=4, gpu_oom=2)
     assert split.lean is None

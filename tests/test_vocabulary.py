@@ -14,9 +14,9 @@ import pytest
 
 from dsgen.api import load_spec, solve_spec
 from dsgen.cli.plan_cmd import Accounting as AccountingChoice
-from dsgen.report import result_dict
+from dsgen.intake.loader import CHECKPOINTING_PINS
+from dsgen.reporting.report import result_dict
 from dsgen.resources import schema_path
-from dsgen.spec.loader import CHECKPOINTING_PINS
 from dsgen.validate.rules.catalogue import RULES
 from dsgen.vocabulary import ACCOUNTINGS, CHECKPOINTING_MODES, OFFLOAD_DEVICES, PHASES, PRECISION_CHOICES, SEVERITIES
 from tests.conftest import EXAMPLES_DIR

@@ -10,6 +10,9 @@ root options, so they are added only to that full app.
 
 No ``from __future__ import annotations``: typer reads the root callback's signature on every
 start, and annotations that are already objects save it compiling each string again.
+
+May import :mod:`dsgen.api` and everything below it; nothing imports it. ``lint-imports`` holds
+every package to its layer (pyproject.toml, ``[tool.importlinter]``).
 """
 
 import atexit

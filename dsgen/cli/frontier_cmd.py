@@ -65,7 +65,7 @@ def frontier(
     """Find the largest sequence length (or micro-batch) that fits, by bisection over the solver.
     Exit 3 when not even the smallest value fits on any GPU count."""
     from dsgen.api import frontier_of, frontier_report, load_spec, spec_for_target
-    from dsgen.frontier_report import frontier_dict, frontier_table, write_plot
+    from dsgen.reporting.frontier_report import frontier_dict, frontier_table, write_plot
 
     counts = _gpu_counts(gpus) if gpus is not None else None
     points = frontier_of(spec_for_target(load_spec(spec_file, overrides or []), target), over.value, counts)

@@ -5,7 +5,7 @@ from typing import Annotated
 
 import typer
 
-from dsgen.starter import DEFAULT_PATH, StarterOptions
+from dsgen.intake.starter import DEFAULT_PATH, StarterOptions
 
 DEFAULT = StarterOptions()
 

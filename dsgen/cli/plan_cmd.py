@@ -101,7 +101,7 @@ def new(
 ) -> None:
     """Solve the spec, render and validate the DeepSpeed config (and the target's files), and write them."""
     from dsgen.api import build_bundle
-    from dsgen.report import human_summary, result_dict, script_requirements
+    from dsgen.reporting.report import human_summary, result_dict, script_requirements
     from dsgen.targets.bundle import default_destination, write_bundle
 
     result, bundle = build_bundle(
@@ -157,7 +157,7 @@ def solve(
     """Solve the spec and report the plan; nothing is written. Exit 3 when nothing fits."""
     from dsgen.api import load_spec, solve_for_target, solve_json
     from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
-    from dsgen.report import evaluation_dict, human_summary, ranked_table
+    from dsgen.reporting.report import evaluation_dict, human_summary, ranked_table
 
     result, difference = solve_for_target(load_spec(spec_file, overrides or []), target, accounting.value)
     if as_json:
@@ -195,7 +195,7 @@ def explain(
 ) -> None:
     """Explain the chosen plan: memory per term, step-time split, and why other choices lost."""
     from dsgen.api import explain_report, load_spec, solve_for_target
-    from dsgen.report import explanation
+    from dsgen.reporting.report import explanation
 
     result, difference = solve_for_target(load_spec(spec_file, overrides or []), target, accounting.value)
     text = explanation(result)

@@ -33,7 +33,7 @@ def presets(
 ) -> None:
     """List the GPU or model presets that specs can name."""
     from dsgen.catalog.presets import gpu_presets, model_presets
-    from dsgen.text_table import text_table
+    from dsgen.reporting.text_table import text_table
 
     if kind is PresetKind.gpus:
         gpus = gpu_presets()

@@ -1,6 +1,6 @@
 """``dsgen sweep``: solve every run of a sweep file and write them all, or nothing.
 
-The work (expanding, solving, publishing) is :mod:`dsgen.sweep_output`'s; this module parses the
+The work (expanding, solving, publishing) is :mod:`dsgen.sweeps.output`'s; this module parses the
 options, shows progress on stderr and prints the summary.
 """
 
@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from dsgen.errors import DsgenError, ExitCode
-from dsgen.sweep import MAX_RUNS
+from dsgen.sweeps.runner import MAX_RUNS
 
 if TYPE_CHECKING:
-    from dsgen.sweep import Outcome
-    from dsgen.sweep_output import SweepResult
+    from dsgen.sweeps.output import SweepResult
+    from dsgen.sweeps.runner import Outcome
 
 
 def sweep(
@@ -50,7 +50,7 @@ def sweep(
 ) -> None:
     """Expand a sweep (grid x zip over a base spec) and solve, render and validate every run."""
     from dsgen.api import run_sweep_to
-    from dsgen.sweep_output import sweep_table
+    from dsgen.sweeps.output import sweep_table
 
     if not dry_run and output is None:
         raise DsgenError("missing --output DIR (or use --dry-run)")

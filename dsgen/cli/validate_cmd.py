@@ -84,8 +84,8 @@ def validate(
     ] = None,
 ) -> None:
     """Lint DeepSpeed configs: the full DeepSpeed schema plus the cross-field rules DeepSpeed misses."""
-    from dsgen.deepspeed_release import normalize_version
     from dsgen.errors import DsgenError
+    from dsgen.facts.release import normalize_version
     from dsgen.validate import TARGETS, validate_file
     from dsgen.validate.report import FORMATS, FileResult, render
 

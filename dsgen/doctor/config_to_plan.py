@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
-from dsgen.deepspeed_release import release_key
 from dsgen.doctor.batch import Batch, Parallel
 from dsgen.doctor.keys import MISSING, get
-from dsgen.long_context import TRICKS, long_context_choices
+from dsgen.facts.release import release_key
 from dsgen.plan import LongContext, ModelParallel, Plan, ZeroKnobs
+from dsgen.search.long_context import TRICKS, long_context_choices
 from dsgen.spec.types import Spec
 from dsgen.vocabulary import PRECISIONS, Checkpointing, OffloadDevice, Precision
 
@@ -301,11 +301,11 @@ def config_to_plan(
 
 
 def _model_parallel(config: Mapping[str, Any], spec: Spec, parallel: Parallel) -> ModelParallel:
-    """The config's AutoTP or AutoEP degree where dsgen prices it (dsgen.model_parallel_choices:
+    """The config's AutoTP or AutoEP degree where dsgen prices it (dsgen.search.model_parallel_choices:
     the layouts the CPU measurements cover, without pipeline or Ulysses parallelism); otherwise
     none, and the note above says the estimate is an upper bound."""
     from dsgen.doctor.model_parallel_findings import layout_of
-    from dsgen.model_parallel_choices import ep_violation, tp_violation
+    from dsgen.search.model_parallel_choices import ep_violation, tp_violation
 
     layout = layout_of(config, spec, parallel.world_size)
     tp = parallel.tensor_parallel

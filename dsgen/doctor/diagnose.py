@@ -29,14 +29,14 @@ from dsgen.doctor.reading import ConfigReading, RunReading, read_config, read_ru
 from dsgen.doctor.run_optimizer import with_run_optimizer
 from dsgen.errors import DsgenError, ExitCode
 from dsgen.estimate.kernel_limits import KERNEL_LIMIT_HINT
-from dsgen.evaluation import Evaluation, evaluate
 from dsgen.plan import Plan
-from dsgen.report import PHASE_LABELS
-from dsgen.solver import SolveResult, solve
+from dsgen.reporting.report import PHASE_LABELS
+from dsgen.search.evaluation import Evaluation, evaluate
+from dsgen.search.solver import SolveResult, solve
+from dsgen.search.verdict import SAFE_LINE, FitVerdict, invalid
 from dsgen.spec.types import Spec
 from dsgen.units import gib
 from dsgen.validate import Report
-from dsgen.verdict import SAFE_LINE, FitVerdict, invalid
 from dsgen.vocabulary import StepPhase
 
 
@@ -53,7 +53,7 @@ class Dominant:
 @dataclass(frozen=True)
 class Diagnosis:
     """Everything the doctor found; ``fit.verdict`` is fits | tight | oom | host-oom | invalid
-    (dsgen.verdict); ``headroom_met``: the spec's own memory_headroom is met."""
+    (dsgen.search.verdict); ``headroom_met``: the spec's own memory_headroom is met."""
 
     fit: FitVerdict
     headroom_met: bool

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dsgen.evaluation import Evaluation
+from dsgen.search.evaluation import Evaluation
 from dsgen.spec.types import Spec
 from dsgen.targets.long_context import trainer_sp_evaluation, unsharded_evaluation_bytes
 from dsgen.units import gib

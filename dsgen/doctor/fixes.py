@@ -11,7 +11,7 @@ Each candidate is written twice, nearest first: with the user's own ZeRO knobs (
 structure changes), then with the solver's knobs. The fixed config is re-read the way the doctor
 reads any config (``price``: "auto" values, validation, DeepSpeed's batch derivation, the
 config's keys and DeepSpeed's defaults) and kept only if that reading fits. Fixes are ordered
-by the solver's own ranking rule (:func:`dsgen.ranking.rank_within_error`), so the first fix is the
+by the solver's own ranking rule (:func:`dsgen.search.ranking.rank_within_error`), so the first fix is the
 plan ``dsgen solve`` would choose among them; where the rule cannot tell two apart, the one that
 changes fewer keys goes first.
 """
@@ -25,9 +25,9 @@ from typing import Any
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.doctor.config_to_plan import KNOB_KEYS
 from dsgen.doctor.keys import MISSING, get, is_auto, with_changes
-from dsgen.evaluation import Evaluation
 from dsgen.plan import Plan, ZeroKnobs
-from dsgen.ranking import rank_within_error
+from dsgen.search.evaluation import Evaluation
+from dsgen.search.ranking import rank_within_error
 from dsgen.spec.types import Spec
 from dsgen.vocabulary import Checkpointing, OffloadDevice
 
@@ -165,7 +165,7 @@ def _model_parallel_changes(config: Mapping[str, Any], target: Plan, spec: Spec)
     """The AutoTP / AutoEP keys of ``target`` (0 and ``enabled: false`` turn them off, DeepSpeed's
     defaults), and ``train_batch_size`` where the config states it: DeepSpeed counts every TP peer
     in it (dsgen.plan.Plan.deepspeed_train_batch_size), so a change of TP degree changes it."""
-    from dsgen.model_parallel import autoep_preset_for
+    from dsgen.facts.model_parallel import autoep_preset_for
 
     tp, ep = target.tensor_parallel_size, target.expert_parallel_size
     changes: list[tuple[str, Any]] = [("tensor_parallel.autotp_size", tp if tp > 1 else 0)]
@@ -293,7 +293,7 @@ def find_fixes(
 
 
 def order_fixes(fixes: list[Fix], shape: ModelShape) -> list[Fix]:
-    """The fixes in the order ``dsgen solve`` ranks plans (:func:`dsgen.ranking.rank_within_error`):
+    """The fixes in the order ``dsgen solve`` ranks plans (:func:`dsgen.search.ranking.rank_within_error`):
     the doctor holds no ranking rule of its own, so whatever the solver's rule prefers (step time
     within the model's error, then margin and fewer moving parts) the doctor's first fix follows.
     Fixes the rule cannot separate keep the order they are given in, fewest changes first."""

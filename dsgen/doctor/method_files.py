@@ -23,10 +23,10 @@ from typing import Any
 
 from dsgen.errors import DsgenError, Location
 from dsgen.inputs import read_text
-from dsgen.jsontypes import escape_pointer_token
+from dsgen.intake.schema_errors import LARGEST_NUMBER as LARGEST  # far past any real batch or rank
+from dsgen.intake.schema_errors import refusal, show
 from dsgen.resources import schema_path
-from dsgen.spec.schema_errors import LARGEST_NUMBER as LARGEST  # far past any real batch or rank
-from dsgen.spec.schema_errors import refusal, show
+from dsgen.validate.jsontypes import escape_pointer_token
 
 #: A field's check: why its value is refused ("must be ..., got ..."), or None.
 Check = Callable[[Any], str | None]

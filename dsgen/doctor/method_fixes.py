@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from dsgen.estimate.objectives import REFERENCE_OBJECTIVES, reference_source
-from dsgen.evaluation import Evaluation
 from dsgen.plan import Plan
+from dsgen.search.evaluation import Evaluation
 from dsgen.spec.types import FineTuning, Spec
 
 

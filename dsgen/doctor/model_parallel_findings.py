@@ -3,7 +3,7 @@
 ``dsgen validate`` checks the rules a config alone decides, at its parser profile's release
 (:mod:`dsgen.validate.rules.model_parallel`). The doctor also knows the model (its MoE expert
 counts, its ``model_type``, its key/value heads) and the exact release (``training.deepspeed_version``),
-so it runs every rule of :func:`dsgen.model_parallel.violations` and reports those the validator
+so it runs every rule of :func:`dsgen.facts.model_parallel.violations` and reports those the validator
 cannot: the world and expert divisibility, AutoEP's supported model types, an MoE model under AutoTP
 without a ``partition_config``, and the release boundaries between the validator's profiles.
 """
@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from dsgen.doctor.keys import get
-from dsgen.model_parallel import Layout, Violation, violations
-from dsgen.model_parallel_choices import model_facts
+from dsgen.facts.model_parallel import Layout, Violation, violations
+from dsgen.search.model_parallel_choices import model_facts
 from dsgen.spec.types import Spec
 
 #: Rules the validator already reports (its own ids, or the checks of dsgen.validate.rules.parallel

@@ -7,7 +7,7 @@ closest (the closest miss, and the nearest plan of each ZeRO stage, offload choi
 AutoEP layout), so the doctor shows a few of them, each with its shortfall in the unit the user
 can act on: GiB of GPU memory over the limit, GiB of host RAM over what a node can use, GiB of
 NVMe. How many GPUs would do is found by asking the solver's own feasibility test
-(:func:`dsgen.solver.fits_any`) at larger node counts of the same node, smallest first.
+(:func:`dsgen.search.solver.fits_any`) at larger node counts of the same node, smallest first.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from dsgen.errors import DsgenError
-from dsgen.evaluation import Evaluation
-from dsgen.ranking import rank_key
-from dsgen.solver import SolveResult, fits_any, solve
+from dsgen.search.evaluation import Evaluation
+from dsgen.search.ranking import rank_key
+from dsgen.search.solver import SolveResult, fits_any, solve
 from dsgen.spec.types import Spec
 
 #: How many of the nearest plans the doctor shows (each a different structure).

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from dsgen.doctor.oom_message import OomMessage
 from dsgen.estimate.memory import one_reduce_bucket_bytes
 from dsgen.estimate.zero12_offload import writes_back_through_gpu
-from dsgen.evaluation import Evaluation
+from dsgen.search.evaluation import Evaluation
 from dsgen.spec.types import Spec
 from dsgen.units import FP32, gib
 

@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dsgen.deepspeed_release import profile_of
 from dsgen.doctor.auto_values import Resolved, auto_keys, resolve
 from dsgen.doctor.batch import Batch, Parallel, derive, parallel_of
 from dsgen.doctor.config_to_plan import ConfigPlan, config_to_plan
@@ -33,10 +32,11 @@ from dsgen.doctor.run_optimizer import run_optimizer, with_run_optimizer
 from dsgen.doctor.sequence_length import run_sequence_length
 from dsgen.errors import DsgenError
 from dsgen.estimate.sequence_parallel import sp_violation
-from dsgen.long_context import TRICKS
-from dsgen.model_parallel import tp_batch
+from dsgen.facts.model_parallel import tp_batch
+from dsgen.facts.release import profile_of
 from dsgen.plan import Plan
-from dsgen.solver import resolve_precision
+from dsgen.search.long_context import TRICKS
+from dsgen.search.solver import resolve_precision
 from dsgen.spec.types import Spec
 from dsgen.validate import Report, TrainingMethod, validate_config
 from dsgen.vocabulary import Checkpointing
@@ -399,7 +399,7 @@ def _tp_batch_finding(train_batch_size: int, tp: int, distinct: int, spec_batch:
     (``deepspeed.initialize`` builds ``DeepSpeedConfig(config, mpu=None)``, so ``runtime/config.py``
     takes ``dist.get_world_size()``), while the ranks of a TP group must train the same micro-batch
     (``runtime/engine.py`` ``check_dataloader_inputs_same_across_ranks`` asserts it): a step trains
-    ``train_batch_size / TP`` distinct samples (``distinct``: :func:`dsgen.model_parallel.tp_batch`;
+    ``train_batch_size / TP`` distinct samples (``distinct``: :func:`dsgen.facts.model_parallel.tp_batch`;
     docs/model-parallel-measurements.md)."""
     message = (
         f"AutoTP (autotp_size {tp}): the {tp} ranks of each tensor-parallel group train the same micro-batch, "

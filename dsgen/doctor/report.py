@@ -10,9 +10,9 @@ from dsgen.doctor.fixes import current_value
 from dsgen.doctor.nearest import NearMiss
 from dsgen.estimate.memory import HELD_BESIDE_TERMS
 from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
-from dsgen.method_summary import method_line
 from dsgen.plan import plan_dict
-from dsgen.report import GPU_TERMS, PHASE_LABELS, host_lines, memory_dict
+from dsgen.reporting.method_summary import method_line
+from dsgen.reporting.report import GPU_TERMS, PHASE_LABELS, host_lines, memory_dict
 from dsgen.units import gib
 
 
@@ -20,7 +20,7 @@ def diagnosis_dict(d: Diagnosis) -> dict[str, Any]:
     """The JSON contract: verdict, memory (as ``solve --json``), step_time_s, findings, fixes."""
     e = d.evaluation
     body: dict[str, Any] = {
-        **d.fit.as_dict(),  # verdict, fill, band, safe_line, evidence (dsgen.verdict)
+        **d.fit.as_dict(),  # verdict, fill, band, safe_line, evidence (dsgen.search.verdict)
         "headroom_met": d.headroom_met,
         "memory": memory_dict(e) if e is not None else None,
         "step_time_s": round(e.step.total_s, 6) if e is not None else None,

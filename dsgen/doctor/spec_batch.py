@@ -24,8 +24,8 @@ from typing import Any
 from dsgen.doctor.method_files import peft_overrides, trl_overrides
 from dsgen.doctor.reading import read_run
 from dsgen.errors import DsgenError
-from dsgen.spec.loader import load_spec
-from dsgen.spec.overrides import apply_overrides
+from dsgen.intake.loader import load_spec
+from dsgen.intake.overrides import apply_overrides
 from dsgen.spec.types import Spec
 from dsgen.spec.yaml_source import load_yaml, read_source
 

@@ -6,7 +6,7 @@ that needs it has run. The most bytes held at once, beyond the layer's input (wh
 loop still holds), is what the GPU needs in forward on top of the model states and buffers. It
 matters when checkpoint offload fills host RAM layer by layer: a GPU that cannot run one layer's
 forward runs out in the first layer, before the host has taken more than one checkpoint
-(:attr:`dsgen.evaluation.Evaluation.fit`).
+(:attr:`dsgen.search.evaluation.Evaluation.fit`).
 
 The stages are those of transformers' decoder layer (``LlamaDecoderLayer`` and the families
 written like it) with ``UlyssesSPAttentionHF`` as the attention core; each is counted per local

@@ -14,7 +14,6 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from dsgen.catalog.model_shape import ModelShape
-from dsgen.deepspeed_release import release_key
 from dsgen.estimate.checkpoint_save import NO_SAVE_COPIES, CheckpointSave, checkpoint_save
 from dsgen.estimate.memo import memo_tables
 from dsgen.estimate.method_activations import method_activation_delta
@@ -26,6 +25,7 @@ from dsgen.estimate.sharding import rank_shape
 from dsgen.estimate.trainable import ParameterSplit, largest_dequantized, parameter_split
 from dsgen.estimate.zero3_moe import backward_held_elements
 from dsgen.estimate.zero12_offload import offload_write_back_copy, zero12_pinned_rounding, zero12_staging_bytes
+from dsgen.facts.release import release_key
 from dsgen.plan import ModelParallel, Plan, PlanFields, ZeroKnobs, simplest_plan
 from dsgen.spec.types import Hardware, Optimizer, Training
 from dsgen.units import FP32, GIB
@@ -110,7 +110,7 @@ class GpuMemory:
     # the GPU while the first whole-layer-checkpointed layer runs forward (model states, ZeRO's
     # buffers, the layer's input and working set, the allowances); 0 without whole-layer
     # checkpointing. Below ``total`` in practice; what it decides is which resource a plan short of
-    # both GPU and host RAM runs out of first (dsgen.evaluation.Evaluation.fit)
+    # both GPU and host RAM runs out of first (dsgen.search.evaluation.Evaluation.fit)
     first_layer_forward: int = 0
     # fine-tuning and objectives (dsgen.estimate.trainable, dsgen.estimate.objectives); 0 in full SFT
     frozen_parameters: int = 0  # the frozen weights (16-bit, or quantized with their constants)

@@ -21,7 +21,7 @@ What DeepSpeed 0.19.8 does, measured on CPU ranks in ``docs/model-parallel-measu
   ``_configure_moe_settings``): the local experts are the tail of the split
   (:attr:`ParameterSplit.local_experts`), whatever their place in ``model.parameters()``.
 
-Model parallelism is priced for full training only (:mod:`dsgen.model_parallel_choices`).
+Model parallelism is priced for full training only (:mod:`dsgen.search.model_parallel_choices`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from dsgen.plan import Plan
 @lru_cache(maxsize=256)  # one per model and degree; the solver asks for it for every candidate
 def tp_local_shape(shape: ModelShape, tp: int) -> ModelShape:
     """The model one AutoTP rank runs: heads, key/value heads and MLP width divided by ``tp``
-    (the degree divides each: :func:`dsgen.model_parallel_choices.tp_violation`). The hidden
+    (the degree divides each: :func:`dsgen.search.model_parallel_choices.tp_violation`). The hidden
     size, vocabulary and sequence stay whole."""
     if tp == 1:
         return shape

@@ -48,7 +48,7 @@ ZERO2_HOOK_HOST_S = 13e-6
 
 
 #: Plans whose predicted step times differ by less than this share are ties (the solver's ranking,
-#: dsgen.ranking.rank_within_error). It is the step-time model's measured error on the choices the
+#: dsgen.search.ranking.rank_within_error). It is the step-time model's measured error on the choices the
 #: solver makes: over the 21 measured pairs of bench/data/throughput_outcomes.yaml that differ in
 #: stage, offload, checkpointing, micro-batch or accumulation, the median of |log(predicted ratio /
 #: measured ratio)| is 0.186, a 20 % difference (bench/throughput_accuracy.py prints it as
@@ -209,7 +209,7 @@ def step_time_floor(shape: ModelShape, plan: Plan, hardware: Hardware, training:
     costly term, and the only one the ZeRO knobs move): the same compute, model-parallel traffic,
     offload and generation seconds. The left-out terms are never negative, and a float sum never
     falls when a non-negative term joins it, so the bound holds to the last bit. The solver skips
-    candidates this rules out (dsgen.solver, ``scope="choice"``)."""
+    candidates this rules out (dsgen.search.solver, ``scope="choice"``)."""
     trained = trained_parameters(shape, training)
     compute, offload, _ = _compute_and_offload(
         shape, plan, hardware, training, trained, _step_flops(shape, plan, training, trained)

@@ -20,8 +20,8 @@ Pinned host blocks are rounded up to a power of two (:func:`dsgen.estimate.model
 
 from __future__ import annotations
 
-from dsgen.deepspeed_release import release_key
 from dsgen.estimate.model_states import ModelStates, pinned
+from dsgen.facts.release import release_key
 from dsgen.plan import Plan
 from dsgen.units import FP32
 

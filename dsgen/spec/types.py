@@ -165,7 +165,7 @@ class Training:
     precision: PrecisionChoice = spec_default("training.precision")
     attention: str = spec_default("training.attention")
     liger_kernel: bool = spec_default("training.liger_kernel")  # Liger-Kernel's fused kernels and loss
-    packed_samples: bool = spec_default("training.packed_samples")  # every sequence full length (dsgen.verdict)
+    packed_samples: bool = spec_default("training.packed_samples")  # every sequence full length (dsgen.search.verdict)
     deepspeed_version: str = spec_default("training.deepspeed_version")  # a release, 0.X.Y (normalize_release)
     gradient_clipping: float = spec_default("training.gradient_clipping")
     mfu: float | None = None
@@ -192,7 +192,7 @@ class Constraints:
     tiled_loss: bool | None = None  # TiledFusedLogitsLoss / Liger fused linear cross-entropy
     checkpoint_offload: bool | None = None  # checkpointed layer inputs in host RAM
     seq_parallel_communication_data_type: Precision = spec_default("constraints.seq_parallel_communication_data_type")
-    tensor_parallel_size: int | None = None  # AutoTP degree (dsgen.model_parallel_choices)
+    tensor_parallel_size: int | None = None  # AutoTP degree (dsgen.search.model_parallel_choices)
     expert_parallel_size: int | None = None  # AutoEP degree
 
     @property

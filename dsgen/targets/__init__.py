@@ -5,6 +5,9 @@ Trainer, Accelerate, Lightning); a *launcher* is what starts one process per GPU
 (torchrun, the ``deepspeed`` launcher, ``accelerate launch``, an sbatch script, a Kubeflow
 ``TrainJob`` or ``PyTorchJob`` on Kubernetes, or none). The file names below are part of the output
 contract: pipelines rely on them.
+
+May import :mod:`dsgen.validate` (a rendered config is validated) and everything below it.
+``lint-imports`` holds every package to its layer (pyproject.toml, ``[tool.importlinter]``).
 """
 
 from __future__ import annotations
@@ -23,9 +26,7 @@ __all__ = [
 ]
 
 from dsgen.catalog.gpu import GpuSpec
-
-#: Programs that read the DeepSpeed JSON (dsgen.validate.targets knows which "auto" each fills).
-TARGETS: tuple[str, ...] = ("deepspeed", "hf-trainer", "accelerate", "lightning")
+from dsgen.facts.frameworks import TARGETS
 
 LAUNCHERS: tuple[str, ...] = ("torchrun", "deepspeed", "accelerate", "slurm", "kubernetes", "pytorchjob", "none")
 
@@ -40,7 +41,7 @@ DEEPSPEED_ENV_FILE = ".deepspeed_env"
 #: place instead of carving fixed-size ones, so blocks freed at one size serve the next step's
 #: other sizes and fragmentation does not build up near capacity. The ALST recipes launch with it
 #: (ArcticTraining's sequence-parallelism README), and the long-context runs a packed spec's
-#: ``tight`` verdict is read against (dsgen.verdict) are theirs.
+#: ``tight`` verdict is read against (dsgen.search.verdict) are theirs.
 _ALLOCATOR_ENV: dict[str, str] = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
 

@@ -15,7 +15,6 @@ from typing import Any
 
 from dsgen.errors import DsgenError
 from dsgen.plan import Plan
-from dsgen.render import Rendered, check_rendered, render_template, template_context
 from dsgen.spec.types import Spec
 from dsgen.targets import (
     ALLOWED_LAUNCHERS,
@@ -31,6 +30,7 @@ from dsgen.targets import (
 from dsgen.targets.context import target_context
 from dsgen.targets.finetuning_files import FINETUNING_FILES, finetuning_files
 from dsgen.targets.kubernetes import KUBERNETES_LAUNCHERS, kubernetes_files
+from dsgen.targets.render import Rendered, check_rendered, render_template, template_context
 from dsgen.targets.requests import ResourceRequest, resource_request
 
 
@@ -131,7 +131,7 @@ def render_bundle(
 
 def plan_request(spec: Spec, plan: Plan, target: str) -> ResourceRequest:
     """The scheduler request for ``plan``, from its own predictions (dsgen's accounting)."""
-    from dsgen.evaluation import evaluate
+    from dsgen.search.evaluation import evaluate
 
     evaluation = evaluate(spec, plan)
     return resource_request(spec, target, evaluation.memory.cpu.total, evaluation.step.total_s)

@@ -25,10 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dsgen.deepspeed_blocks import COSINE_MIN_RATIO, optimizer_block, scheduler_block
 from dsgen.estimate.optimizers import CLIENT_IMPLEMENTATIONS, client_optimizer_call, is_client_optimizer
 from dsgen.plan import Plan
 from dsgen.spec.types import Spec
+from dsgen.targets.deepspeed_blocks import COSINE_MIN_RATIO, optimizer_block, scheduler_block
 from dsgen.targets.finetuning_files import finetuning_notes
 from dsgen.targets.long_context import attention_note, check_target, liger_note, long_context_notes
 from dsgen.targets.model_parallel import check_model_parallel_target, model_parallel_notes, needs_config_optimizer
@@ -45,7 +45,7 @@ HF_TORCH_OPTIM = {
 }
 
 #: TrainingArguments ``lr_scheduler_type`` for each spec scheduler (DeepSpeed's equivalent in
-#: dsgen.deepspeed_blocks.scheduler_block: WarmupLR, WarmupDecayLR to 0, WarmupCosineLR to 0.1 x lr).
+#: dsgen.targets.deepspeed_blocks.scheduler_block: WarmupLR, WarmupDecayLR to 0, WarmupCosineLR to 0.1 x lr).
 HF_SCHEDULER = {
     "none": "constant",
     "warmup": "constant_with_warmup",

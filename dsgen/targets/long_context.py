@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from dsgen.catalog.gpu import GpuSpec
 from dsgen.catalog.model_shape import ModelShape
-from dsgen.deepspeed_release import release_key
 from dsgen.errors import DsgenError
 from dsgen.estimate.sequence_parallel import tiled_mlp_shards
+from dsgen.facts.release import release_key
 from dsgen.plan import Plan
 from dsgen.spec.types import Spec
 from dsgen.units import FP32, gib

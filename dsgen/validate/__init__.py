@@ -11,11 +11,14 @@ also runs the fine-tuning rules (:data:`METHOD_RULES`), which need to know the t
 
 The schema check is ``jsonschema``'s (see :mod:`dsgen.validate.schema_findings`). Importing this
 package is cheap (standard library only; jsonschema and the schema are loaded by the first check).
+
+May import :mod:`dsgen.intake` (its schema gate) and everything below it. ``lint-imports`` holds
+every package to its layer (pyproject.toml, ``[tool.importlinter]``).
 """
 
 from __future__ import annotations
 
-from dsgen.deepspeed_release import SUPPORTED as SUPPORTED_VERSIONS
+from dsgen.facts.release import SUPPORTED as SUPPORTED_VERSIONS
 from dsgen.validate.findings import Finding, Report
 from dsgen.validate.method import TrainingMethod
 from dsgen.validate.rules import METHOD_RULES, RULES

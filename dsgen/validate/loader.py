@@ -23,7 +23,7 @@ from typing import Any
 
 from dsgen.errors import DsgenError
 from dsgen.inputs import read_bytes
-from dsgen.jsontypes import escape_pointer_token
+from dsgen.validate.jsontypes import escape_pointer_token
 
 Position = tuple[int, int]
 

@@ -15,7 +15,7 @@ only thing to report is an ``"auto"`` that nothing resolves. Pydantic sections s
 ``additionalProperties: false`` in the schema itself, which other validators read the same way.
 A literal ``"auto"`` is valid only where the schema names it (see :func:`validator_class`).
 
-A config that jsonschema-rs passes (:mod:`dsgen.schema_gate`) and that holds no ``"auto"`` has no
+A config that jsonschema-rs passes (:mod:`dsgen.intake.schema_gate`) and that holds no ``"auto"`` has no
 issues and no auto sites, and is done with; ``jsonschema`` is imported only for the others.
 """
 
@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from typing import Any
 
-from dsgen.jsontypes import escape_pointer_token, json_type
+from dsgen.intake.schema_gate import Gate, compile_gate, contains_string
 from dsgen.resources import schema_path
-from dsgen.schema_gate import Gate, compile_gate, contains_string
+from dsgen.validate.jsontypes import escape_pointer_token, json_type
 from dsgen.validate.versions import apply_patches, profile
 from dsgen.vocabulary import Phase, Severity
 

@@ -22,7 +22,7 @@ in, each for a fixed set of keys:
 
 from __future__ import annotations
 
-from dsgen.targets import TARGETS
+from dsgen.facts.frameworks import TARGETS
 
 #: Keys HF Trainer fills from TrainingArguments / the model (fill_match / fill_only).
 HF_TRAINER_KEYS = frozenset(

@@ -7,11 +7,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dsgen.deepspeed_release import normalize_version
 from dsgen.errors import DsgenError
-from dsgen.jsontypes import json_type
+from dsgen.facts.release import normalize_version
 from dsgen.validate import schema_findings
 from dsgen.validate.findings import Finding, Report
+from dsgen.validate.jsontypes import json_type
 from dsgen.validate.method import TrainingMethod
 from dsgen.validate.rules import Context, run_rules
 from dsgen.validate.targets import check_target

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsgen.deepspeed_release import RELEASES, normalize_version, release_key
+from dsgen.facts.release import RELEASES, normalize_version, release_key
 
 # A patch is (operation, property path from the root, argument):
 #   drop     - the key does not exist in that release (unknown there)

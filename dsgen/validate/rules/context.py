@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from functools import cached_property
 from typing import Any
 
-from dsgen.jsontypes import escape_pointer_token
 from dsgen.validate.findings import Finding
+from dsgen.validate.jsontypes import escape_pointer_token
 from dsgen.validate.method import TrainingMethod
 from dsgen.validate.rules.catalogue import RULES
 from dsgen.validate.schema_findings import AutoSite

@@ -1,4 +1,4 @@
-"""AutoTP / AutoEP rules per release, read from :mod:`dsgen.model_parallel` (the one list the solver
+"""AutoTP / AutoEP rules per release, read from :mod:`dsgen.facts.model_parallel` (the one list the solver
 and the doctor also read), and the batch world under AutoTP.
 
 A config does not name the model, so the rules that need it (expert counts, AutoEP model types,
@@ -10,7 +10,7 @@ so the 0.19.2 .. 0.19.4 boundaries only matter to callers that know the exact re
 
 from __future__ import annotations
 
-from dsgen.model_parallel import Layout, Violation, tp_batch, violations
+from dsgen.facts.model_parallel import Layout, Violation, tp_batch, violations
 from dsgen.validate.rules.batch import fill_batch_triple
 from dsgen.validate.rules.context import Context, number, section, truthy, whole
 from dsgen.validate.rules.registry import rule
