@@ -425,34 +425,71 @@ def merge_config(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, A
 
 
 def measure_case(
-    worker: Path, record_kind: str, case: dict[str, Any], *, ranks: int, timeout: float, what: str
+    worker: Path,
+    record_kind: str,
+    case: dict[str, Any],
+    *,
+    ranks: int,
+    timeout: float,
+    what: str,
+    ops: list[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run ``worker --case CASE.json`` on ``ranks`` CPU ranks (``case`` holds its ``ds_config``) and
-    return the one record per rank it reports as ``record_kind``: the launch and parse every
-    measuring harness shares (``finetune_oracle``, ``mp_oracle``).
+    """One case's records: :func:`measure_cases` with a single case."""
+    return measure_cases(worker, record_kind, [case], ranks=ranks, timeout=timeout, what=what, ops=ops)[0]
 
-    DeepSpeed's CPU ops the config needs are built first (:func:`prebuild_ops`). Raises
+
+def measure_cases(
+    worker: Path,
+    record_kind: str,
+    cases: list[dict[str, Any]],
+    *,
+    ranks: int,
+    timeout: float,
+    what: str,
+    ops: list[str] | None = None,
+) -> list[list[dict[str, Any]]]:
+    """Run ``worker --case CASES.json`` once on ``ranks`` CPU ranks for every case in ``cases``
+    (each holds its ``ds_config``) and return, per case, the one record per rank it reports as
+    ``record_kind``: the launch and parse every measuring harness shares (``finetune_oracle``,
+    ``mp_oracle``, ``grpo_worker``).
+
+    One launch for several cases saves each further case the start of a torchrun job (the ranks'
+    imports of torch, transformers and DeepSpeed, the process group): the worker runs the cases in
+    turn in the same processes and tags each record with its ``case_index``. A worker given one
+    case (a JSON object, not a list) reports untagged records.
+
+    DeepSpeed's CPU ops the configs need (``ops``; by default read from each case's ``ds_config``,
+    for a worker that composes its own config) are built first (:func:`prebuild_ops`). Raises
     :class:`OracleRunError`, naming ``what`` ran, if torchrun fails, times out, or not every rank
-    reports. Each record also gets ``run_wall_s`` (the torchrun wall time) and ``prebuild_s``."""
-    build_s, build_log = prebuild_ops(_ops_for(case["ds_config"]))
+    reports every case. Each record also gets ``run_wall_s`` (the torchrun wall time) and
+    ``prebuild_s``."""
+    if ops is None:
+        ops = sorted({op for case in cases for op in _ops_for(case["ds_config"])})
+    build_s, build_log = prebuild_ops(ops)
     with tempfile.TemporaryDirectory(prefix="dsgen_oracle_") as tmp:
         case_path = Path(tmp) / "case.json"
-        case_path.write_text(json.dumps(case, indent=2))
+        case_path.write_text(json.dumps(cases if len(cases) > 1 else cases[0], indent=2))
         returncode, log, timed_out, duration = run_torchrun(
-            [str(worker), "--case", str(case_path)], ranks=ranks, cwd=Path(tmp), timeout=timeout
+            [str(worker), "--case", str(case_path)], ranks=ranks, cwd=Path(tmp), timeout=timeout * len(cases)
         )
         records = rank_reports.read(Path(tmp), record_kind)  # one file per rank (tests/rank_reports.py)
-    reported = [r["rank"] for r in records]
-    if returncode != 0 or timed_out or reported != list(range(ranks)):
+    by_case: list[list[dict[str, Any]]] = [[] for _ in cases]
+    for record in records:
+        by_case[record.pop("case_index", 0) if len(cases) > 1 else 0].append(record)
+    for case_records in by_case:
+        case_records.sort(key=lambda r: r["rank"])
+    reported = [[r["rank"] for r in case_records] for case_records in by_case]
+    if returncode != 0 or timed_out or any(ranks_seen != list(range(ranks)) for ranks_seen in reported):
         raise OracleRunError(
-            f"{what} run failed: returncode={returncode} timed_out={timed_out} ranks reported={reported} "
+            f"{what} run failed: returncode={returncode} timed_out={timed_out} ranks reported per case={reported} "
             f"duration={duration:.1f}s\n--- log tail ---\n{(build_log + log)[-8000:]}",
             build_log + log,
         )
-    for record in records:
-        record["run_wall_s"] = round(duration, 2)
-        record["prebuild_s"] = round(build_s, 2)
-    return records
+    for case_records in by_case:
+        for record in case_records:
+            record["run_wall_s"] = round(duration, 2)
+            record["prebuild_s"] = round(build_s, 2)
+    return by_case
 
 
 def train_steps(

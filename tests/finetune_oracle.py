@@ -1,6 +1,7 @@
 """Real DeepSpeed as a measurement oracle for fine-tuning setups (LoRA, QLoRA, freezing, DPO).
 
-:func:`measure_finetune` runs ``tests/finetune_worker.py`` under ``torchrun`` on DeepSpeed's CPU
+:func:`measure_finetune` (:func:`measure_finetunes`: several cases in one launch) runs
+``tests/finetune_worker.py`` under ``torchrun`` on DeepSpeed's CPU
 accelerator (gloo, ``OMP_NUM_THREADS=1``) and returns one record per rank: what that rank holds
 after a few optimizer steps (trainable / frozen parameter elements and bytes, ZeRO's flat buffers,
 optimizer state, gradient buffers, the DPO reference engine's parameters, the bytes autograd saves
@@ -32,7 +33,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.ds_oracle import measure_case, merge_config
+from tests.ds_oracle import measure_cases, merge_config
 
 WORKER = Path(__file__).resolve().parent / "finetune_worker.py"
 RECORD_KIND = "DSGEN_FINETUNE"  # keep in sync with finetune_worker.RECORD_KIND
@@ -97,10 +98,20 @@ def ds_config_for(case: dict[str, Any], ranks: int) -> dict[str, Any]:
 
 
 def measure_finetune(case: dict[str, Any], ranks: int = 2, timeout: float = 600) -> list[dict[str, Any]]:
-    """Run ``case`` on ``ranks`` CPU ranks with real DeepSpeed; one measured record per rank.
+    """Run ``case`` on ``ranks`` CPU ranks with real DeepSpeed; one measured record per rank."""
+    return measure_finetunes([case], ranks=ranks, timeout=timeout)[0]
+
+
+def measure_finetunes(cases: list[dict[str, Any]], ranks: int = 2, timeout: float = 600) -> list[list[dict[str, Any]]]:
+    """Run every case of ``cases`` in one launch on ``ranks`` CPU ranks; per case, one measured
+    record per rank.
 
     Missing case keys take :data:`DEFAULT_CASE`'s values. Launched and read by
-    :func:`tests.ds_oracle.measure_case` (which raises ``OracleRunError`` with the log tail)."""
-    full_case = {**DEFAULT_CASE, **case}
-    full_case["ds_config"] = ds_config_for(full_case, ranks)
-    return measure_case(WORKER, RECORD_KIND, full_case, ranks=ranks, timeout=timeout, what="finetune")
+    :func:`tests.ds_oracle.measure_cases` (which raises ``OracleRunError`` with the log tail);
+    ``timeout`` is per case."""
+    full_cases = []
+    for case in cases:
+        full_case = {**DEFAULT_CASE, **case}
+        full_case["ds_config"] = ds_config_for(full_case, ranks)
+        full_cases.append(full_case)
+    return measure_cases(WORKER, RECORD_KIND, full_cases, ranks=ranks, timeout=timeout, what="finetune")

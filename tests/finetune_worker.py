@@ -7,7 +7,8 @@ nothing downloaded), the dtype (fp32, or bf16 through DeepSpeed's ``bf16`` block
 (``full``, ``lora`` through peft, ``freeze`` = only the last N decoder layers and named modules
 trainable, ``qlora`` = bitsandbytes 4-bit base + LoRA), the objective (``sft``, or ``dpo`` with a
 separate frozen reference model prepared by TRL's own ``trl.models.utils.prepare_deepspeed``), and
-the complete DeepSpeed config (composed by the oracle).
+the complete DeepSpeed config (composed by the oracle). A list of cases runs each in turn in the
+same processes (one torchrun start for all), each record tagged with its ``case_index``.
 
 The setup mirrors what HF Trainer / TRL do: the base model is built inside ``deepspeed.zero.Init``
 for ZeRO-3 (as ``from_pretrained`` does under an active ZeRO-3 config) and the PEFT wrapping comes
@@ -450,26 +451,51 @@ def _reference_record(ref_engine: Any) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_case_args(argv, __doc__.splitlines()[0])
-    case: dict[str, Any] = json.loads(args.case.read_text())
+    given = json.loads(args.case.read_text())
+    cases: list[dict[str, Any]] = given if isinstance(given, list) else [given]
 
     import deepspeed
     from deepspeed import comm as dist
 
-    model_classes(case["model"])
-    if case["method"] in ("lora", "qlora"):
+    for case in cases:
+        model_classes(case["model"])
+    if any(case["method"] in ("lora", "qlora") for case in cases):
         import peft  # noqa: F401  (before any zero.Init, like transformers)
-    if case.get("objective", "sft") == "dpo":
+    if any(case.get("objective", "sft") == "dpo" for case in cases):
         import trl.models.utils
         import trl.trainer.utils  # noqa: F401
     deepspeed.init_distributed(dist_backend="gloo")
     try:
-        return _run(case, args.case.parent)
+        for index, case in enumerate(cases):
+            # a list of cases tags each record with its place (tests/ds_oracle.measure_cases)
+            status = _run(case, args.case.parent, index if isinstance(given, list) else None)
+            gc.collect()  # this case's engines go before the next case builds its own
+            _reset_process_state()
+            if status:
+                return status
+        return 0
     finally:
         gc.collect()  # see tests/ds_train_worker.py: free engines while the group is alive
         dist.destroy_process_group()
 
 
-def _run(case: dict[str, Any], tmp: Path) -> int:
+def _reset_process_state() -> None:
+    """Undo what a case leaves behind in the process, so the next case starts as a fresh launch
+    would (bench/batched_launch_identity.py checks the records are the same either way).
+
+    ZeRO-3's ``zero.Init`` replaces ``torch.nn.functional.linear`` with its memory-efficient
+    ``zero3_linear_wrap`` for the rest of the process ("This will persist unless manually reset",
+    ``runtime/zero/partition_parameters.py`` ``_enable_mem_efficient_linear``); a later ZeRO-1/2
+    case would train with it and save different activations (measured: 64 to 128 KiB more)."""
+    import torch
+    from deepspeed.runtime.zero.partition_parameters import InsertPostInitMethodToModuleSubClasses
+
+    original = getattr(InsertPostInitMethodToModuleSubClasses, "linear_bk", None)
+    if original is not None:
+        torch.nn.functional.linear = original
+
+
+def _run(case: dict[str, Any], tmp: Path, case_index: int | None) -> int:
     import deepspeed
     import peft
     import torch
@@ -487,6 +513,7 @@ def _run(case: dict[str, Any], tmp: Path) -> int:
     zero3_config = ds_config if stage == 3 else None
 
     record: dict[str, Any] = {
+        **({} if case_index is None else {"case_index": case_index}),
         "rank": rank,
         "world_size": world,
         "case": {k: v for k, v in case.items() if k != "ds_config"},

@@ -27,7 +27,7 @@ from dsgen.estimate.optimizers import flat_state_bytes
 from dsgen.plan import Plan
 from dsgen.spec.types import FineTuning, Freeze, Hardware, Lora, Training
 from dsgen.units import FP32
-from tests.finetune_oracle import measure_finetune
+from tests.finetune_oracle import measure_finetunes
 from tests.tiny_models import TINY_MODELS
 
 pytestmark = [pytest.mark.slow, pytest.mark.deepspeed]
@@ -67,11 +67,17 @@ def _shape(model: str, tmp: str) -> ModelShape:
 
 
 @cache
-def _measured(name: str) -> tuple[dict[str, Any], ...]:
+def _all_measured() -> dict[str, tuple[dict[str, Any], ...]]:
+    """Every case, measured in one launch (the ranks start and import once for all eight)."""
     require_module("peft")
     require_module("trl")
-    case = {"micro_batch": MICRO, "seq_len": SEQUENCE, **CASES[name]}
-    return tuple(measure_finetune(case, ranks=RANKS))
+    names = sorted(CASES)
+    measured = measure_finetunes([{"micro_batch": MICRO, "seq_len": SEQUENCE, **CASES[n]} for n in names], ranks=RANKS)
+    return {name: tuple(records) for name, records in zip(names, measured, strict=True)}
+
+
+def _measured(name: str) -> tuple[dict[str, Any], ...]:
+    return _all_measured()[name]
 
 
 def _predicted(name: str, shape: ModelShape) -> MemoryEstimate:

@@ -18,33 +18,20 @@ references, and of the full-size gradients. The checks are facts of DeepSpeed 0.
 * gradient accumulation 2 does not change any of it; the record-mode micro-step (no trace yet)
   gathers one block at a time, but all ``L`` forward copies stay alive.
 
-Two torchruns, 4-5 minutes on 2 cores (the worker samples after every aten op), plus a one-off
+Two torchruns (tests/z3_leaf_cases.py, shared with tests/test_zero3_moe_prediction.py), 4-5 minutes on 2 cores (the worker samples after every aten op), plus a one-off
 build of DeepSpeed's CPU ops outside the timeout.
 """
 
 from __future__ import annotations
 
 import gc
-import json
-import tempfile
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests import rank_reports
-from tests.ds_oracle import prebuild_ops, run_torchrun
-from tests.z3_leaf_worker import (
-    REAL_MIXTRAL,
-    RECORD_KIND,
-    TINY_MIXTRAL,
-    WORKER,
-    scaled_zero_knobs,
-    shape_counts,
-)
+from tests.z3_leaf_cases import CASES, measured
+from tests.z3_leaf_worker import REAL_MIXTRAL, TINY_MIXTRAL, scaled_zero_knobs, shape_counts
 
-RANKS = 2
 L = TINY_MIXTRAL["num_hidden_layers"]
 S = shape_counts(TINY_MIXTRAL)
 E = S["gate_up_proj"] + S["down_proj"]  # one block's experts: what is gathered, pinned, released
@@ -52,46 +39,6 @@ B = S["block"]  # experts + router (the router is persistent, but its gradient i
 A = S["attention"]
 VH = S["lm_head"]  # = embedding
 H = TINY_MIXTRAL["hidden_size"]
-
-CASES: dict[str, dict[str, Any]] = {
-    # leaf (the default) with gradient accumulation 2: micro-steps 0 (trace recorded), 1, 2, 3 (trace complete)
-    "leaf-gas2": {"leaf": True, "gradient_accumulation_steps": 2, "steps": 2, "track_live_bytes": True},
-    # no leaf module (zero_optimization.leaf_module.classes = [])
-    "noleaf-gas1": {"leaf": False, "gradient_accumulation_steps": 1, "steps": 2, "track_live_bytes": False},
-}
-
-
-def _case(name: str) -> dict[str, Any]:
-    return {
-        "dtype": "bf16",
-        "micro_batch": 1,
-        "seq_len": 64,
-        "zero_knobs": scaled_zero_knobs(),
-        "seed": 1234,
-        **CASES[name],
-    }
-
-
-@cache
-def measured(name: str) -> tuple[dict[str, Any], ...]:
-    from tests.conftest import require_module
-
-    for module in ("deepspeed", "transformers"):
-        require_module(module)
-    build_s, build_log = prebuild_ops(["ShareMemCommBuilder", "FusedAdamBuilder"])
-    with tempfile.TemporaryDirectory(prefix="dsgen_z3leaf_") as tmp:
-        case_path = Path(tmp) / "case.json"
-        case_path.write_text(json.dumps(_case(name)))
-        returncode, log, timed_out, duration = run_torchrun(
-            [str(WORKER), "--case", str(case_path)], ranks=RANKS, cwd=Path(tmp), timeout=900
-        )
-        records = rank_reports.read(Path(tmp), RECORD_KIND)  # one file per rank, by rank
-    assert returncode == 0 and not timed_out and [r["rank"] for r in records] == list(range(RANKS)), (
-        f"returncode={returncode} timed_out={timed_out} duration={duration:.0f}s build={build_s:.0f}s\n"
-        f"{(build_log + log)[-8000:]}"
-    )
-    gc.collect()
-    return tuple(records)
 
 
 def _peak(micro: dict[str, Any], phase: str, metric: str) -> dict[str, Any]:

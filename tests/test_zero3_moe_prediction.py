@@ -18,7 +18,7 @@ import pytest
 from dsgen.api import load_spec
 from dsgen.estimate.zero3_moe import backward_held_elements
 from dsgen.plan import ModelParallel, Plan, ZeroKnobs
-from tests.test_z3_leaf_measured import measured
+from tests.z3_leaf_cases import measured
 from tests.z3_leaf_worker import TINY_MIXTRAL, scaled_zero_knobs
 
 
