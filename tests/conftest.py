@@ -105,36 +105,8 @@ def pytest_configure(config: pytest.Config) -> None:
     compileall.compile_dir(REPO_ROOT / "dsgen", quiet=1)
 
 
-#: Markers of the tests that start processes (DeepSpeed under torchrun, Chromium).
-PROCESS_MARKERS = ("slow", "browser")
-
-
-def _starts_processes(item: pytest.Item) -> bool:
-    return any(item.get_closest_marker(name) for name in PROCESS_MARKERS)
-
-
-@pytest.hookimpl(trylast=True)  # after -m and -k have deselected: only what will run counts
-def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Single-process test files first, then the files with process-starting tests (each file kept
-    whole, so its module fixtures are set up once), and DeepSpeed's CPU ops built in the background
-    meanwhile when any selected test launches DeepSpeed (tests/ds_oracle.start_background_prebuild):
-    on two cores the builds then overlap the single-process tests instead of stalling the first
-    launch. Not in pytest-xdist workers, which would each start the same builds."""
-    launching_files = {item.path for item in items if _starts_processes(item)}
-    items.sort(key=lambda item: item.path in launching_files)  # stable: order within each group kept
-    launches_deepspeed = not config.option.collectonly and any(item.get_closest_marker("slow") for item in items)
-    if launches_deepspeed and "PYTEST_XDIST_WORKER" not in os.environ and importlib.util.find_spec("deepspeed"):
-        from tests.ds_oracle import start_background_prebuild
-
-        start_background_prebuild()
-
-
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """A background op build no test collected is waited for (see ds_oracle's
-    finish_background_prebuild); under DSGEN_REQUIRE_ALL=1 any skipped test fails the run: a skip
-    can hide a regression."""
-    if "tests.ds_oracle" in sys.modules:
-        sys.modules["tests.ds_oracle"].finish_background_prebuild()
+    """Under DSGEN_REQUIRE_ALL=1 any skipped test fails the run: a skip can hide a regression."""
     if os.environ.get("DSGEN_REQUIRE_ALL") != "1":
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")

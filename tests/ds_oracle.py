@@ -63,11 +63,6 @@ for name in sys.argv[1:]:
 """
 _BUILT_OPS: set[str] = set()
 _BUILD_LOCK = threading.Lock()
-#: Every CPU op a test run of the suite loads (:func:`_ops_for` picks a run's share of them).
-SUITE_OPS = ("ShareMemCommBuilder", "FusedAdamBuilder", "CPUAdamBuilder")
-#: The build of :data:`SUITE_OPS` started beside the single-process tests
-#: (:func:`start_background_prebuild`), until :func:`prebuild_ops` collects it.
-_background_build: subprocess.Popen[str] | None = None
 
 # Serialises the monkeypatching of deepspeed.comm: the patch is process-global, so two threads
 # parsing with different dp sizes at once would otherwise see each other's world size.
@@ -297,11 +292,10 @@ def prebuild_ops(ops: list[str], *, timeout: float = 1800) -> tuple[float, str]:
     that follows meets the same build error and reports it with DeepSpeed's context.
     """
     with _BUILD_LOCK:
-        waited_s, background_log = _collect_background_build(timeout)
         missing = [op for op in ops if op not in _BUILT_OPS]
         if not missing:
-            return waited_s, ""
-        start = time.monotonic() - waited_s
+            return 0.0, ""
+        start = time.monotonic()
         try:
             proc = subprocess.run(
                 [sys.executable, "-c", _PREBUILD_PROGRAM, *missing],
@@ -319,56 +313,7 @@ def prebuild_ops(ops: list[str], *, timeout: float = 1800) -> tuple[float, str]:
         if proc.returncode == 0:
             _BUILT_OPS.update(missing)
             return time.monotonic() - start, ""
-        return (
-            time.monotonic() - start,
-            f"{background_log}[ds_oracle] op prebuild failed ({proc.returncode}):\n{proc.stdout}",
-        )
-
-
-def start_background_prebuild() -> None:
-    """Start building :data:`SUITE_OPS` in a low-priority subprocess, so that the three JIT builds
-    (about 2.5 minutes on two idle cores) overlap the single-process tests that run before the
-    first DeepSpeed launch (tests/conftest.py orders them so). :func:`prebuild_ops` waits for it;
-    the ops then load from the torch extensions cache as they would after a synchronous build."""
-    global _background_build
-    if _background_build is not None:
-        return
-    _background_build = subprocess.Popen(
-        [sys.executable, "-c", _PREBUILD_PROGRAM, *SUITE_OPS],
-        env=worker_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors="replace",
-        preexec_fn=lambda: os.nice(10),  # the tests running beside it keep their speed
-    )
-
-
-def finish_background_prebuild(timeout: float = 1800) -> None:
-    """Wait for a background build nobody collected (a run whose launches all came before it
-    finished, or an interrupted one): killing it could leave torch's build lock behind, and every
-    later build in this environment would wait on it."""
-    with _BUILD_LOCK:
-        _collect_background_build(timeout)
-
-
-def _collect_background_build(timeout: float) -> tuple[float, str]:
-    """Wait for the background build, if one was started: (seconds waited, its log on failure)."""
-    global _background_build
-    build, _background_build = _background_build, None
-    if build is None:
-        return 0.0, ""
-    start = time.monotonic()
-    try:
-        out, _ = build.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        build.kill()
-        out, _ = build.communicate()
-        return time.monotonic() - start, f"[ds_oracle] background op prebuild timed out after {timeout:.0f}s\n{out}"
-    if build.returncode == 0:
-        _BUILT_OPS.update(SUITE_OPS)
-        return time.monotonic() - start, ""
-    return time.monotonic() - start, f"[ds_oracle] background op prebuild failed ({build.returncode}):\n{out}"
+        return time.monotonic() - start, f"[ds_oracle] op prebuild failed ({proc.returncode}):\n{proc.stdout}"
 
 
 def run_torchrun(args: list[str], *, ranks: int, cwd: Path, timeout: float) -> tuple[int, str, bool, float]:
