@@ -437,6 +437,84 @@ def measure_cases(
     return by_case
 
 
+@dataclass(frozen=True)
+class TrainCase:
+    """One :func:`train_cases` run: ``config``'s training for ``steps`` optimizer steps.
+
+    The config's batch keys must be for the launch's data-parallel ranks
+    (``train_batch_size == micro * accumulation * ranks``); the worker runs
+    ``gradient_accumulation_steps`` micro-batches per step, as DeepSpeed counts them.
+    ``checkpointing`` turns on HF activation checkpointing in the model, as a plan with
+    activation checkpointing would (DeepSpeed's own ``activation_checkpointing`` config section
+    only affects ``deepspeed.checkpointing`` users, so the config alone cannot express it).
+    ``client_optimizer`` (``"adafactor"``) makes the worker build that optimizer and pass it to
+    ``deepspeed.initialize``, as the script must when the config has no optimizer block."""
+
+    config: dict[str, Any]
+    steps: int = 2
+    model: str = "tiny-llama"
+    checkpointing: bool = False
+    seq_len: int = 32
+    client_optimizer: str | None = None
+
+
+def train_cases(cases: list[TrainCase], *, tmp_path: Path, ranks: int = 2, timeout: float = 600) -> list[TrainResult]:
+    """Train every case in one torchrun launch on ``ranks`` CPU processes: the worker runs them in
+    turn in the same rank processes (undoing what each leaves behind, ``tests/worker_state.py``),
+    which spares each further case the ranks' imports and process-group start.
+
+    A case's ``returncode`` is 0 when its run completed: the launch exited 0, or the case is not
+    the last and reported its end (rank 0 reports it after every rank has passed the case's closing
+    barrier); otherwise it is the launch's. Every result carries the whole launch's log.
+    Never raises for a failed run. ``timeout`` is per case and covers the run only: the DeepSpeed
+    ops the configs need are built first by :func:`prebuild_ops` (once per process, with its own
+    timeout; ``build_s`` says how long). On timeout the whole process group is killed."""
+    build_s, build_log = prebuild_ops(sorted({op for case in cases for op in _ops_for(case.config)}))
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    listed = []
+    for index, case in enumerate(cases):
+        config_path = tmp_path / f"ds_config.{index}.json"
+        config_path.write_text(json.dumps(case.config, indent=2))
+        listed.append(
+            {
+                "config_path": str(config_path),
+                "steps": case.steps,
+                "model": case.model,
+                "seq_len": case.seq_len,
+                "activation_checkpointing": case.checkpointing,
+                "client_optimizer": case.client_optimizer,
+            }
+        )
+    cases_path = tmp_path / "cases.json"
+    cases_path.write_text(json.dumps(listed, indent=2))
+    # cwd: anything DeepSpeed writes relative to it lands in the test's tmp dir
+    returncode, log, timed_out, duration = run_torchrun(
+        [str(WORKER), "--cases", str(cases_path)], ranks=ranks, cwd=tmp_path, timeout=timeout * len(cases)
+    )
+    log = build_log + log
+    (tmp_path / "train.log").write_text(log)
+    steps: list[list[dict[str, Any]]] = [[] for _ in cases]
+    done: list[list[dict[str, Any]]] = [[] for _ in cases]
+    for kind, by_case in ((STEP_REPORT, steps), (DONE_REPORT, done)):
+        for record in rank_reports.read(tmp_path, kind):
+            by_case[int(record.pop("case_index"))].append(record)
+    results = []
+    for index in range(len(cases)):
+        completed = bool(done[index]) and index < len(cases) - 1  # the last case's end is the launch's
+        results.append(
+            TrainResult(
+                returncode=0 if returncode == 0 or completed else returncode,
+                losses=_losses(steps[index]),
+                log=log,
+                info=_info(done[index]),
+                duration_s=duration,
+                timed_out=timed_out,
+                build_s=build_s,
+            )
+        )
+    return results
+
+
 def train_steps(
     config: dict[str, Any],
     *,
@@ -449,42 +527,7 @@ def train_steps(
     seq_len: int = 32,
     client_optimizer: str | None = None,
 ) -> TrainResult:
-    """Train ``model`` for ``steps`` optimizer steps with ``config`` on ``ranks`` CPU processes.
-
-    The config's batch keys must be for ``ranks`` data-parallel ranks
-    (``train_batch_size == micro * accumulation * ranks``); the worker runs
-    ``gradient_accumulation_steps`` micro-batches per step, as DeepSpeed counts them.
-    ``checkpointing`` turns on HF activation checkpointing in the model, as a plan with
-    activation checkpointing would (DeepSpeed's own ``activation_checkpointing`` config section
-    only affects ``deepspeed.checkpointing`` users, so the config alone cannot express it).
-    ``client_optimizer`` (``"adafactor"``) makes the worker build that optimizer and pass it to
-    ``deepspeed.initialize``, as the script must when the config has no optimizer block.
-
-    Never raises for a failed run: the returned :class:`TrainResult` carries the return code and
-    the full log. On timeout the whole process group is killed and ``timed_out`` is set.
-    ``timeout`` covers the run only: the DeepSpeed ops it needs are built first by
-    :func:`prebuild_ops` (once per process, with its own timeout; ``build_s`` says how long).
-    """
-    build_s, build_log = prebuild_ops(_ops_for(config))
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    config_path = tmp_path / "ds_config.json"
-    config_path.write_text(json.dumps(config, indent=2))
-    args = [str(WORKER), "--config", str(config_path), "--steps", str(steps), "--model", model]
-    args += ["--seq-len", str(seq_len)]
-    if checkpointing:
-        args.append("--activation-checkpointing")
-    if client_optimizer:
-        args += ["--client-optimizer", client_optimizer]
-    # cwd: anything DeepSpeed writes relative to it lands in the test's tmp dir
-    returncode, log, timed_out, duration = run_torchrun(args, ranks=ranks, cwd=tmp_path, timeout=timeout)
-    log = build_log + log
-    (tmp_path / "train.log").write_text(log)
-    return TrainResult(
-        returncode=returncode,
-        losses=_losses(rank_reports.read(tmp_path, STEP_REPORT)),
-        log=log,
-        info=_info(rank_reports.read(tmp_path, DONE_REPORT)),
-        duration_s=duration,
-        timed_out=timed_out,
-        build_s=build_s,
-    )
+    """Train ``model`` for ``steps`` optimizer steps with ``config`` on ``ranks`` CPU processes:
+    :func:`train_cases` with one :class:`TrainCase` (whose fields these arguments are)."""
+    case = TrainCase(config, steps, model, checkpointing, seq_len, client_optimizer)
+    return train_cases([case], tmp_path=tmp_path, ranks=ranks, timeout=timeout)[0]

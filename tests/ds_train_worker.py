@@ -1,6 +1,6 @@
 """torchrun worker: train a tiny Llama for a few optimizer steps under a given DeepSpeed config.
 
-Launched by :func:`tests.ds_oracle.train_steps`, one process per rank, on DeepSpeed's CPU
+Launched by :func:`tests.ds_oracle.train_cases`, one process per rank, on DeepSpeed's CPU
 accelerator with the gloo backend. It is the end-to-end half of the oracle: parsing a config
 with ``DeepSpeedConfig`` proves the keys and the batch arithmetic are accepted, but only
 ``deepspeed.initialize`` plus real ``backward``/``step`` calls prove that the ZeRO stage, the
@@ -12,7 +12,9 @@ by us) so that a config accepted here is accepted for the reason a user's run wo
 
 Output protocol (rank 0 only, through its own file, see :mod:`tests.rank_reports`; read by
 ``ds_oracle``): one ``step`` record per optimizer step, ``{"step": <n>, "loss": <float>}``, and one
-``done`` record with what the engine ran (ZeRO stage, optimizer class, parameter dtype, ...).
+``done`` record with what the engine ran (ZeRO stage, optimizer class, parameter dtype, ...), written
+once every rank has finished the case. Given ``--cases``, the worker runs each in turn in the same
+processes and tags every record with its ``case_index``; a case that fails ends the launch.
 
 Exit status: 0 on success; 3 if a loss is not finite or the engine did not take the expected
 number of optimizer steps; 4 if the config asks for something the CPU accelerator cannot do
@@ -62,7 +64,14 @@ TINY_MODELS: dict[str, dict[str, Any]] = {
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", type=Path, required=True, help="DeepSpeed JSON config file")
+    parser.add_argument("--config", type=Path, help="DeepSpeed JSON config file (one case)")
+    parser.add_argument(
+        "--cases",
+        type=Path,
+        help="a JSON list of cases, run in turn in the same processes, each record tagged with its "
+        "case_index; each case names its config_path and may set steps, model, seq_len, seed, "
+        "client_optimizer and activation_checkpointing (the options below)",
+    )
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps to run")
     parser.add_argument("--model", choices=sorted(TINY_MODELS), default="tiny-llama")
     parser.add_argument("--seq-len", type=int, default=32)
@@ -78,7 +87,28 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="enable HF activation (gradient) checkpointing on the model, as Trainer does",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if (args.config is None) == (args.cases is None):
+        parser.error("give one of --config and --cases")
+    return args
+
+
+def _cases(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The cases to run: ``--cases``' list, or the one case the other options describe."""
+    if args.cases is not None:
+        cases: list[dict[str, Any]] = json.loads(args.cases.read_text())
+        return cases
+    return [
+        {
+            "config_path": str(args.config),
+            "steps": args.steps,
+            "model": args.model,
+            "seq_len": args.seq_len,
+            "seed": args.seed,
+            "client_optimizer": args.client_optimizer,
+            "activation_checkpointing": args.activation_checkpointing,
+        }
+    ]
 
 
 def _zero_stage(config: dict[str, Any]) -> int:
@@ -127,12 +157,13 @@ def _micro_batch(
 def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     args = _parse_args(argv)
-    config: dict[str, Any] = json.loads(args.config.read_text())
+    cases = _cases(args)
+    configs = [json.loads(Path(case["config_path"]).read_text()) for case in cases]
 
     # DeepSpeed's own parser decides whether fp16 is on ("auto", "yes", 1 ... as pydantic reads them).
     from deepspeed.runtime.precision_config import get_float16_config
 
-    if get_float16_config(config).enabled:
+    if any(get_float16_config(config).enabled for config in configs):
         # DeepSpeed itself refuses fp16 on CPUs without oneDNN fp16 kernels ("ValueError: Type
         # fp16 is not supported on your device.", engine._do_sanity_check) and would try it on
         # AVX512-FP16/AMX CPUs. Refusing up front keeps the oracle's answer the same on every CI
@@ -149,84 +180,108 @@ def main(argv: list[str] | None = None) -> int:
     import deepspeed
     from deepspeed import comm as dist
 
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: tests.* from the checkout
+    from tests.worker_state import reset_process_state
+
     _import_model_classes()
     imported = time.monotonic()
     deepspeed.init_distributed(dist_backend="gloo")
     try:
-        return _train(args, config, started, imported)
+        for index, (case, config) in enumerate(zip(cases, configs, strict=True)):
+            status = _train(case, config, started, imported, index if args.cases is not None else None)
+            # this case's engine, its ZeRO optimizer and their hooks form reference cycles: free
+            # them before the next case builds its own, and undo what ZeRO-3 left in the process
+            gc.collect()
+            reset_process_state()
+            if status:
+                return status
+            started = imported = time.monotonic()  # a later case's clock starts when it does
+        return 0
     finally:
-        # The engine, its ZeRO optimizer and their hooks form reference cycles, so returning from
-        # _train does not free them: collect them now, while the process group they hold work on
-        # is alive; left to interpreter shutdown, gloo's threads can die mid-join and abort the
-        # rank ("terminate called without an active exception"). Then tear the group down while
-        # the interpreter is whole, on every path (see tests/hf_trainer_script.py).
+        # Collect the engines while the process group they hold work on is alive; left to
+        # interpreter shutdown, gloo's threads can die mid-join and abort the rank ("terminate
+        # called without an active exception"). Then tear the group down while the interpreter is
+        # whole, on every path (see tests/hf_trainer_script.py).
         gc.collect()
         dist.destroy_process_group()
 
 
-def _train(args: argparse.Namespace, config: dict[str, Any], started: float, imported: float) -> int:
+def _train(
+    case: dict[str, Any], config: dict[str, Any], started: float, imported: float, case_index: int | None
+) -> int:
+    """Train one case; its records carry ``case_index`` when the worker was given a list."""
     import deepspeed
     import torch
     from deepspeed import comm as dist
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: tests.* from the checkout
     from tests import rank_reports
 
     rank = dist.get_rank()
-    torch.manual_seed(args.seed)  # same initial weights on every rank, as with a loaded checkpoint
+    tag = {} if case_index is None else {"case_index": case_index}
+    steps, model_name, seq_len = (
+        int(case.get("steps", 2)),
+        case.get("model", "tiny-llama"),
+        int(case.get("seq_len", 32)),
+    )
+    seed, checkpointing = int(case.get("seed", 1234)), bool(case.get("activation_checkpointing", False))
+    torch.manual_seed(seed)  # same initial weights on every rank, as with a loaded checkpoint
 
     stage = _zero_stage(config)
     if stage == 3:
         # As HF does for ZeRO-3: build the model inside zero.Init so parameters are partitioned
         # (and cast to the config's dtype) at construction instead of being materialised whole.
         with deepspeed.zero.Init(config_dict_or_path=config):
-            model = _build_model(args.model, args.seq_len, args.activation_checkpointing)
+            model = _build_model(model_name, seq_len, checkpointing)
     else:
-        model = _build_model(args.model, args.seq_len, args.activation_checkpointing)
+        model = _build_model(model_name, seq_len, checkpointing)
 
     trainable = [p for p in model.parameters() if p.requires_grad]
-    client_optimizer = torch.optim.Adafactor(trainable, lr=1e-3) if args.client_optimizer == "adafactor" else None
+    client_optimizer = (
+        torch.optim.Adafactor(trainable, lr=1e-3) if case.get("client_optimizer") == "adafactor" else None
+    )
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         model_parameters=trainable,
         optimizer=client_optimizer,
-        config=str(args.config),
+        config=case["config_path"],
     )
 
     initialised = time.monotonic()
     micro = engine.train_micro_batch_size_per_gpu()
     accumulation = engine.gradient_accumulation_steps()
-    vocab = TINY_MODELS[args.model]["vocab_size"]
+    vocab = TINY_MODELS[model_name]["vocab_size"]
     # Different data per rank (as a DistributedSampler gives), reproducible across runs.
-    gen = torch.Generator().manual_seed(args.seed + 1000 * rank)
+    gen = torch.Generator().manual_seed(seed + 1000 * rank)
 
-    for step in range(1, args.steps + 1):
+    for step in range(1, steps + 1):
         losses: list[float] = []
         for _ in range(accumulation):
-            batch = _micro_batch(gen, micro, args.seq_len, vocab, engine.device)
+            batch = _micro_batch(gen, micro, seq_len, vocab, engine.device)
             loss = engine(**batch).loss
             engine.backward(loss)
             engine.step()  # only steps the optimizer at the accumulation boundary
             losses.append(float(loss.detach().float()))
         mean = sum(losses) / len(losses)
         if rank == 0:
-            rank_reports.write(STEP_REPORT, rank, {"step": step, "loss": mean})
+            rank_reports.write(STEP_REPORT, rank, {**tag, "step": step, "loss": mean})
         if not all(math.isfinite(x) for x in losses):
             print(f"ds_train_worker: rank {rank} step {step}: non-finite loss {losses}", file=sys.stderr)
             return EXIT_BAD_TRAINING
 
     trained = time.monotonic()
-    if engine.global_steps != args.steps:
+    if engine.global_steps != steps:
         print(
             f"ds_train_worker: rank {rank}: engine.global_steps={engine.global_steps}, "
-            f"expected {args.steps} (gradient accumulation boundary not reached?)",
+            f"expected {steps} (gradient accumulation boundary not reached?)",
             file=sys.stderr,
         )
         return EXIT_BAD_TRAINING
 
+    info: dict[str, Any] = {}
     if rank == 0:
         optimizer = getattr(engine, "basic_optimizer", None) or engine.optimizer
         info = {
+            **tag,
             "world_size": dist.get_world_size(),
             "dp_world_size": engine.dp_world_size,
             "zero_stage": engine.zero_optimization_stage(),
@@ -238,15 +293,17 @@ def _train(args: argparse.Namespace, config: dict[str, Any], started: float, imp
             "train_batch_size": engine.train_batch_size(),
             "global_steps": engine.global_steps,
             "skipped_steps": engine.skipped_steps,
-            "activation_checkpointing": args.activation_checkpointing,
+            "activation_checkpointing": checkpointing,
             # Where a run's wall time goes, to keep the oracle's cost visible (rank 0's clock).
             "import_s": f"{imported - started:.1f}",
             "init_s": f"{initialised - imported:.1f}",
             "train_s": f"{trained - initialised:.1f}",
         }
+    # no rank tears down its process group (or starts the next case) while another still talks to
+    # it; rank 0 reports the case done after it, so a ``done`` record means every rank finished
+    dist.barrier()
+    if rank == 0:
         rank_reports.write(DONE_REPORT, rank, info)
-
-    dist.barrier()  # no rank tears down its process group while another still talks to it
     return 0
 
 

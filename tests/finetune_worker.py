@@ -43,8 +43,10 @@ from typing import TYPE_CHECKING, Any
 
 try:
     from tests.tiny_models import hf_config, model_classes, parse_case_args
+    from tests.worker_state import reset_process_state
 except ModuleNotFoundError:  # torchrun runs a worker as a script: tests/, not the checkout, is on sys.path
     from tiny_models import hf_config, model_classes, parse_case_args  # type: ignore[no-redef]
+    from worker_state import reset_process_state  # type: ignore[no-redef]
 
 if TYPE_CHECKING:
     import torch
@@ -470,29 +472,13 @@ def main(argv: list[str] | None = None) -> int:
             # a list of cases tags each record with its place (tests/ds_oracle.measure_cases)
             status = _run(case, args.case.parent, index if isinstance(given, list) else None)
             gc.collect()  # this case's engines go before the next case builds its own
-            _reset_process_state()
+            reset_process_state()
             if status:
                 return status
         return 0
     finally:
         gc.collect()  # see tests/ds_train_worker.py: free engines while the group is alive
         dist.destroy_process_group()
-
-
-def _reset_process_state() -> None:
-    """Undo what a case leaves behind in the process, so the next case starts as a fresh launch
-    would (bench/batched_launch_identity.py checks the records are the same either way).
-
-    ZeRO-3's ``zero.Init`` replaces ``torch.nn.functional.linear`` with its memory-efficient
-    ``zero3_linear_wrap`` for the rest of the process ("This will persist unless manually reset",
-    ``runtime/zero/partition_parameters.py`` ``_enable_mem_efficient_linear``); a later ZeRO-1/2
-    case would train with it and save different activations (measured: 64 to 128 KiB more)."""
-    import torch
-    from deepspeed.runtime.zero.partition_parameters import InsertPostInitMethodToModuleSubClasses
-
-    original = getattr(InsertPostInitMethodToModuleSubClasses, "linear_bk", None)
-    if original is not None:
-        torch.nn.functional.linear = original
 
 
 def _run(case: dict[str, Any], tmp: Path, case_index: int | None) -> int:

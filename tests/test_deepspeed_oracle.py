@@ -16,6 +16,7 @@ from dsgen.spec.yaml_source import SourceMap
 from dsgen.validate import validate_config
 from tests.conftest import EXAMPLES_DIR, require_module
 from tests.spec_strategies import specs
+from tests.train_cases import TRAINING_PLANS, plan_optimizer, plan_spec_text, rendered_case, trained
 
 
 @pytest.fixture(scope="module")
@@ -78,61 +79,25 @@ def test_random_specs_render_configs_deepspeed_accepts(spec_data: dict[str, Any]
     _deepspeed_batch(config, plan, oracle, spec_data["training"]["global_batch_size"])
 
 
-TINY_SPEC = """\
-model:
-  hf_config: {config}
-hardware:
-  gpu: a100-80gb
-  gpus_per_node: 2
-  nodes: 1
-  cpu_memory_gib: 64
-training:
-  sequence_length: 32
-  global_batch_size: 8
-  precision: bf16
-  attention: sdpa
-  optimizer: {{type: {optimizer}, lr: 1.0e-3}}
-constraints:
-{constraints}
-"""
-
-TRAINING_PLANS = {
-    "zero1": "  zero_stage: 1\n  offload_optimizer: none\n  activation_checkpointing: false\n  micro_batch_size: 2",
-    "zero2": "  zero_stage: 2\n  offload_optimizer: none\n  activation_checkpointing: false\n  micro_batch_size: 4",
-    "zero3": "  zero_stage: 3\n  offload_optimizer: none\n  offload_param: none\n  activation_checkpointing: true\n  micro_batch_size: 2",
-    "zero2-cpu-offload": "  zero_stage: 2\n  offload_optimizer: cpu\n  activation_checkpointing: false\n  micro_batch_size: 1",
-    # a client optimizer: no optimizer block; the script passes torch.optim.Adafactor
-    "zero2-adafactor": "  zero_stage: 2\n  offload_optimizer: none\n  activation_checkpointing: false\n  micro_batch_size: 2",
-}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TRAINING_PLANS))
 def test_rendered_plan_trains_two_steps_under_real_deepspeed(name: str, tmp_path: Path, oracle: Any) -> None:
     require_module("transformers")
     spec_file = tmp_path / "spec.yaml"
-    optimizer = "adafactor" if name.endswith("adafactor") else "adamw"
-    spec_file.write_text(
-        TINY_SPEC.format(
-            config=EXAMPLES_DIR / "tiny-llama" / "config.json", constraints=TRAINING_PLANS[name], optimizer=optimizer
-        )
-    )
+    spec_file.write_text(plan_spec_text(name))
     spec = load_spec(spec_file)
     result = solve_spec(spec)
     assert result.fully_pinned and result.best is not None
     plan = result.best.plan
     config = render_plan(spec, plan).config
     assert plan.data_parallel_size == 2
+    optimizer = plan_optimizer(name)
     assert ("optimizer" in config) == (optimizer == "adamw")
-    outcome = oracle.train_steps(
-        config,
-        tmp_path=tmp_path,
-        ranks=2,
-        steps=2,
-        checkpointing=plan.checkpointing == "full",
-        client_optimizer=None if optimizer == "adamw" else optimizer,
-    )
-    assert outcome.returncode == 0, outcome.log[-4000:]
-    assert len(outcome.losses) == 2, outcome.log[-4000:]
+    case = rendered_case(name)  # what the shared launch trained: this config, as this plan says
+    assert case.config == config
+    assert case.checkpointing == (plan.checkpointing == "full")
+    outcome = trained()[f"rendered-{name}"]
+    assert outcome.returncode == 0, outcome.describe()[-4000:]
+    assert len(outcome.losses) == 2, outcome.describe()[-4000:]
     if optimizer == "adafactor":
         assert outcome.info.get("optimizer") == "Adafactor", outcome.info

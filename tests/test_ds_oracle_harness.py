@@ -16,14 +16,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import require_module
-from tests.ds_oracle import TrainResult, deepspeed_verdict, parse_with_deepspeed, train_steps
+from tests.ds_oracle import TrainCase, TrainResult, deepspeed_verdict, parse_with_deepspeed, train_cases, train_steps
+from tests.train_cases import ACCUMULATION, MICRO, RANKS, STEPS, hand_written_config, trained
 
 pytestmark = pytest.mark.deepspeed
-
-RANKS = 2
-MICRO = 2
-ACCUMULATION = 2  # > 1 so every run also exercises DeepSpeed's gradient accumulation boundary
-STEPS = 2
 
 
 @pytest.fixture(scope="module")
@@ -110,22 +106,6 @@ def test_parse_restores_comm_and_leaves_caller_config_alone(deepspeed: Any) -> N
 # --- real training under torchrun --------------------------------------------------------------
 
 
-def _train_config(stage: int, *, offload: bool = False) -> dict[str, Any]:
-    """A hand-written bf16 AdamW config for RANKS data-parallel CPU ranks."""
-    zero: dict[str, Any] = {"stage": stage}
-    if offload:
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    return {
-        "train_batch_size": MICRO * ACCUMULATION * RANKS,
-        "train_micro_batch_size_per_gpu": MICRO,
-        "gradient_accumulation_steps": ACCUMULATION,
-        "gradient_clipping": 1.0,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8}},
-        "bf16": {"enabled": True},
-        "zero_optimization": zero,
-    }
-
-
 def _assert_trained(result: TrainResult, *, stage: int) -> None:
     assert result.returncode == 0, result.describe()
     assert len(result.losses) == STEPS, result.describe()
@@ -139,42 +119,42 @@ def _assert_trained(result: TrainResult, *, stage: int) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", [1, 2, 3], ids=lambda s: f"zero{s}-bf16")
-def test_train_zero_bf16(stage: int, tmp_path: Path, trainer_deps: None) -> None:
-    result = train_steps(_train_config(stage), tmp_path=tmp_path, ranks=RANKS, steps=STEPS)
-    _assert_trained(result, stage=stage)
+def test_train_zero_bf16(stage: int, trainer_deps: None) -> None:
+    _assert_trained(trained()[f"zero{stage}-bf16"], stage=stage)
 
 
 @pytest.mark.slow
-def test_train_zero2_cpu_optimizer_offload(tmp_path: Path, trainer_deps: None) -> None:
-    result = train_steps(_train_config(2, offload=True), tmp_path=tmp_path, ranks=RANKS, steps=STEPS)
+def test_train_zero2_cpu_optimizer_offload(trainer_deps: None) -> None:
+    result = trained()["zero2-cpu-optimizer-offload"]
     _assert_trained(result, stage=2)
     # With offload_optimizer.device=cpu DeepSpeed must swap the config's AdamW for its CPU Adam.
     assert result.info.get("optimizer") == "DeepSpeedCPUAdam", result.describe()
 
 
 @pytest.mark.slow
-def test_train_activation_checkpointing(tmp_path: Path, trainer_deps: None) -> None:
-    # ZeRO-3 is the combination where recomputation has to re-gather partitioned parameters.
-    result = train_steps(_train_config(3), tmp_path=tmp_path, ranks=RANKS, steps=STEPS, checkpointing=True)
+def test_train_activation_checkpointing(trainer_deps: None) -> None:
+    result = trained()["zero3-activation-checkpointing"]
     _assert_trained(result, stage=3)
     assert result.info.get("activation_checkpointing") == "True", result.describe()
 
 
 @pytest.mark.slow
-def test_train_failure_surfaces_deepspeed_error(tmp_path: Path, trainer_deps: None) -> None:
+def test_train_failure_surfaces_deepspeed_error_and_ends_only_its_own_case(tmp_path: Path, trainer_deps: None) -> None:
     # Batch keys for 4 ranks launched on 2: the config parses, engine construction must refuse it,
     # and the result must carry DeepSpeed's message so a failing oracle test is self-explanatory.
-    config = _train_config(1)
+    # A good case before it in the same launch still counts as trained; the failing one does not.
+    config = hand_written_config(1)
     config["train_batch_size"] = MICRO * ACCUMULATION * 4
-    result = train_steps(config, tmp_path=tmp_path, ranks=RANKS, steps=STEPS)
-    assert result.returncode != 0 and not result.timed_out, result.describe()
-    assert "train_batch_size is not equal to micro_batch_per_gpu" in result.log, result.describe()
-    assert result.losses == []
+    good, bad = train_cases([TrainCase(hand_written_config(1), STEPS), TrainCase(config, STEPS)], tmp_path=tmp_path)
+    _assert_trained(good, stage=1)
+    assert bad.returncode != 0 and not bad.timed_out, bad.describe()
+    assert "train_batch_size is not equal to micro_batch_per_gpu" in bad.log, bad.describe()
+    assert bad.losses == [] and bad.info == {}
 
 
 @pytest.mark.slow
 def test_train_fp16_is_refused_clearly(tmp_path: Path, trainer_deps: None) -> None:
-    config = _train_config(1)
+    config = hand_written_config(1)
     del config["bf16"]
     config["fp16"] = {"enabled": True}
     result = train_steps(config, tmp_path=tmp_path, ranks=RANKS, steps=STEPS)

@@ -43,28 +43,32 @@ TINY_LLAMA = dict(
     use_cache=False,
 )
 
-# Build the engine with `available_memory` patched, print the branch DeepSpeed logged.
+# Build an engine with `available_memory` patched to each value given, in turn in one process (one
+# start of Python, torch, transformers and DeepSpeed); print the branch DeepSpeed logged for each.
 PROGRAM = r"""
-import json, logging, os, sys
+import gc, json, logging, os, sys
 os.environ.update(DS_ACCELERATOR="cpu", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
 import deepspeed, torch, transformers
 from deepspeed.accelerator import get_accelerator
 from deepspeed.utils import logger
 
-available = int(sys.argv[2])
-get_accelerator().available_memory = lambda device_index=None: available
 messages = []
 handler = logging.Handler()
 handler.emit = lambda record: messages.append(record.getMessage())
 logger.addHandler(handler)
 logger.setLevel(logging.INFO)
 config = transformers.AutoConfig.for_model("llama", **json.loads(sys.argv[1]))
-torch.manual_seed(0)
-model = transformers.AutoModelForCausalLM.from_config(config)
-ds_config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2}}
-deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()), config=ds_config)
-flattened = [m for m in messages if m.startswith("Flattening param group 0")]
-print("DSGEN_BRANCH", "host" if "on CPU" in flattened[0] else "accelerator")
+for available in map(int, sys.argv[2:]):
+    get_accelerator().available_memory = lambda device_index=None, available=available: available
+    messages.clear()
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    ds_config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2}}
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()), config=ds_config)
+    flattened = [m for m in messages if m.startswith("Flattening param group 0")]
+    print("DSGEN_BRANCH", available, "host" if "on CPU" in flattened[0] else "accelerator", flush=True)
+    del engine, model
+    gc.collect()
 """
 
 
@@ -79,19 +83,20 @@ def _gpu_of(total_bytes: int) -> GpuSpec:
     return gpu
 
 
-def _deepspeed_branch(available: int, port: int) -> str:
+def _deepspeed_branches(availables: list[int], port: int) -> dict[int, str]:
+    """Where DeepSpeed flattens ZeRO-1/2's parameter group with each free-memory figure."""
     env = dict(os.environ, MASTER_PORT=str(port), OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error")
     proc = subprocess.run(
-        [sys.executable, "-c", PROGRAM, json.dumps(TINY_LLAMA), str(available)],
+        [sys.executable, "-c", PROGRAM, json.dumps(TINY_LLAMA), *map(str, availables)],
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
         check=False,
     )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("DSGEN_BRANCH")]
-    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return lines[0].split()[1]
+    lines = [line.split() for line in proc.stdout.splitlines() if line.startswith("DSGEN_BRANCH")]
+    assert proc.returncode == 0 and len(lines) == len(availables), proc.stdout[-2000:] + proc.stderr[-4000:]
+    return {int(available): branch for _, available, branch in lines}
 
 
 @pytest.mark.deepspeed
@@ -114,9 +119,11 @@ def test_host_flattening_threshold_is_deepspeeds(tmp_path: Path) -> None:
     states = model_states(shape, plan, "adamw")
     model_bytes = 4 * states.partitioning.parameters
     flat_bytes = 4 * states.partitioning.zero12_slice * states.partitioning.ranks
-    for free, expected in ((flat_bytes - 1, "host"), (flat_bytes, "accelerator")):
+    cases = {flat_bytes - 1: "host", flat_bytes: "accelerator"}
+    # what CUDA's fallback reports once the model is on the GPU: total less the parameters
+    branches = _deepspeed_branches(list(cases), free_port())
+    for free, expected in cases.items():
         hardware = Hardware(gpu=_gpu_of(model_bytes + free), gpus_per_node=1)
         on_host = zero12_host_flattening(states, plan, hardware, "0.19")
         assert on_host == (model_bytes + flat_bytes if expected == "host" else 0)
-        # what CUDA's fallback reports once the model is on the GPU: total less the parameters
-        assert _deepspeed_branch(free, free_port()) == expected
+        assert branches[free] == expected
