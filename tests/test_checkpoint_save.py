@@ -17,7 +17,7 @@ from dsgen.api import load_spec, render_bundle, solve_spec
 from dsgen.search.evaluation import evaluate
 from dsgen.targets.bundle import write_bundle
 from tests.conftest import EXAMPLES_DIR, require_module
-from tests.test_deepspeed_oracle import TINY_SPEC
+from tests.train_cases import TINY_SPEC
 
 SCRIPT = Path(__file__).resolve().parent / "hf_trainer_script.py"
 
