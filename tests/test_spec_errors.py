@@ -95,6 +95,12 @@ CASES = [
         "spec.yaml:2: model.hf_config: file not found",
         [],
     ),
+    (  # the file system refuses the name (ENAMETOOLONG): once a traceback from Path.is_dir
+        "hf-config-name-too-long",
+        replace_line(GOOD, "preset: llama-3.1-8b", "hf_config: " + "x" * 300),
+        "spec.yaml:2: model.hf_config: cannot read ",
+        [],
+    ),
     (
         "indivisible-batch",
         replace_line(GOOD, "global_batch_size: 256", "global_batch_size: 250"),

@@ -104,7 +104,6 @@ def spec_from_data(
     return _SpecBuilder(source, base_dir).build(data)
 
 
-
 def normalise_numbers(value: Any, path: tuple[str | int, ...], source: SourceMap) -> Any:
     """Refuse infinities, NaN and absurd magnitudes, and store whole floats (``nodes: 2.0``) as ints.
 
@@ -211,9 +210,11 @@ class _SpecBuilder:
             from dsgen.catalog.hf_config import AssumptionWarning, shape_from_hf_config
 
             config_file = self.base_dir / block["hf_config"]
-            if not (
-                config_file / "config.json" if config_file.is_dir() else config_file
-            ).is_file():  # a file or a model folder
+            try:  # a file or a model folder
+                found = (config_file / "config.json" if config_file.is_dir() else config_file).is_file()
+            except OSError as exc:  # a name the file system refuses (too long, ...), not a missing file
+                raise self.fail(("model", "hf_config"), f"cannot read {config_file}: {exc.strerror}") from None
+            if not found:
                 raise self.fail(("model", "hf_config"), f"file not found: {config_file}")
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", AssumptionWarning)
@@ -588,7 +589,9 @@ class _SpecBuilder:
         if tp is not None:
             why = tp_violation(model, tp, hardware.gpus_per_node, training)
             if why:
-                raise self.fail(("constraints", "tensor_parallel_size"), why, hint="use auto, 1, or a degree that satisfies it")
+                raise self.fail(
+                    ("constraints", "tensor_parallel_size"), why, hint="use auto, 1, or a degree that satisfies it"
+                )
             if tp > 1 and (constraints.sequence_parallel_size or 1) > 1:
                 raise self.fail(
                     ("constraints", "tensor_parallel_size"),
@@ -598,7 +601,9 @@ class _SpecBuilder:
         if ep is not None:
             why = ep_violation(model, ep, hardware.world_size, training)
             if why:
-                raise self.fail(("constraints", "expert_parallel_size"), why, hint="use auto, 1, or a degree that satisfies it")
+                raise self.fail(
+                    ("constraints", "expert_parallel_size"), why, hint="use auto, 1, or a degree that satisfies it"
+                )
         if (tp or 1) > 1 and (ep or 1) > 1:
             raise self.fail(
                 ("constraints", "tensor_parallel_size"),
