@@ -121,6 +121,55 @@ def test_every_commented_starter_key_loads_when_uncommented(tmp_path: Path) -> N
         load_spec(path)  # raises DsgenError naming the key if a suggestion is wrong
 
 
+METHODS_AND_OBJECTIVES = [
+    (method, objective)
+    for method in ("full", "lora", "qlora", "freeze")
+    for objective in ("sft", "dpo", "kto", "orpo", "simpo", "reward", "grpo", "ppo")
+]
+METHOD_IDS = [f"{method}-{objective}" for method, objective in METHODS_AND_OBJECTIVES]
+
+
+@pytest.mark.parametrize(("method", "objective"), METHODS_AND_OBJECTIVES, ids=METHOD_IDS)
+def test_init_writes_the_method_and_objective_asked_for_and_the_spec_solves(
+    method: str, objective: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dsgen.api import load_spec, solve_spec
+
+    path = tmp_path / "spec.yaml"
+    result = run_cli(["init", str(path), "--finetuning", method, "--objective", objective], capsys)
+    assert result.exit_code == 0, result.stderr
+    spec = load_spec(path)
+    assert (spec.training.finetuning.method, spec.training.finetuning.objective) == (method, objective)
+    training = yaml.safe_load(path.read_text())["training"]
+    assert ("finetuning" in training) == (method != "full") and ("objective" in training) == (objective != "sft")
+    if objective in ("grpo", "ppo"):  # trained on prompt + completion, as the loader checks
+        generation = spec.training.finetuning.generation
+        assert spec.training.sequence_length == generation.max_prompt_length + generation.max_completion_length
+    solved = solve_spec(spec)
+    assert solved.feasible, solved.closest and solved.closest.reason()
+
+
+@pytest.mark.parametrize(("method", "objective"), METHODS_AND_OBJECTIVES, ids=METHOD_IDS)
+def test_a_starters_commented_method_keys_hold_the_defaults(method: str, objective: str, tmp_path: Path) -> None:
+    """The lora, quantization, freeze and generation keys a method's starter names in comments,
+    uncommented, load to the same spec: they show the knobs at the schema's defaults."""
+    import re
+
+    from dsgen.api import load_spec
+    from dsgen.intake.starter import StarterOptions, starter_spec
+
+    text = starter_spec(StarterOptions(finetuning=method, objective=objective))  # type: ignore[arg-type]
+    (tmp_path / "starter.yaml").write_text(text)
+    plain = load_spec(tmp_path / "starter.yaml")
+    pattern = r"^  # (lora|quantization|freeze|generation): (\{.*?\})(\s{2,}.*)?$"
+    uncommented = re.sub(pattern, r"  \1: \2", text, flags=re.MULTILINE)
+    expected = {"lora": method in ("lora", "qlora"), "quantization": method == "qlora", "freeze": method == "freeze"}
+    expected["generation"] = objective in ("grpo", "ppo")
+    assert {key: f"\n  {key}: {{" in uncommented for key in expected} == expected
+    (tmp_path / "uncommented.yaml").write_text(uncommented)
+    assert load_spec(tmp_path / "uncommented.yaml").training == plain.training
+
+
 def test_init_options_fill_the_spec_and_the_batch_splits_over_every_gpu(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -150,6 +199,8 @@ def test_init_refuses_to_overwrite_without_force_and_rejects_unknown_presets(
     assert forced.exit_code == 0 and "model:" in path.read_text()
     bad = run_cli(["init", str(tmp_path / "bad.yaml"), "--gpu", "h1000"], capsys)
     assert bad.exit_code == 2 and "hardware.gpu" in bad.stderr and "h1000" in bad.stderr
+    unknown = run_cli(["init", str(tmp_path / "bad.yaml"), "--finetuning", "dora"], capsys)
+    assert unknown.exit_code == 2 and "--finetuning" in unknown.stderr and "'dora'" in unknown.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"]
 
 
