@@ -86,7 +86,7 @@ CASES = [
     (
         "two-model-sources",
         replace_line(GOOD, "  preset: llama-3.1-8b\n", "  preset: llama-3.1-8b\n  hf_config: x.json\n"),
-        "spec.yaml:1: model: give exactly one of preset, hf_config or architecture (got preset, hf_config)",
+        "spec.yaml:1: model: give exactly one of preset, hf, hf_config or architecture (got preset, hf_config)",
         [],
     ),
     (
@@ -299,7 +299,7 @@ SECTION_KEYS: dict[str, list[str]] = {
 
 def misspell(key: str) -> str:
     """``key`` with two neighbouring, different letters swapped near its end (``sequence_lenght``)."""
-    for i in range(len(key) - 2, 0, -1):
+    for i in range(len(key) - 2, -1, -1):
         if key[i] != key[i + 1] and "_" not in key[i : i + 2]:
             return key[:i] + key[i + 1] + key[i] + key[i + 2 :]
     raise AssertionError(f"cannot misspell {key!r}")

@@ -196,26 +196,34 @@ class _SpecBuilder:
 
     # ---- model ---------------------------------------------------------------------------
     def model(self, block: dict[str, Any]) -> ModelShape:
-        given = [k for k in ("preset", "hf_config", "architecture") if k in block]
+        given = [k for k in ("preset", "hf", "hf_config", "architecture") if k in block]
         if len(given) != 1:
             found = f"got {', '.join(given)}" if given else "got none"
-            raise self.fail(("model",), f"give exactly one of preset, hf_config or architecture ({found})")
+            raise self.fail(("model",), f"give exactly one of preset, hf, hf_config or architecture ({found})")
+        if "hf_revision" in block and given != ["hf"]:
+            raise self.fail(("model", "hf_revision"), "hf_revision names the revision of model.hf; give model.hf")
         kind = given[0]
         name = block.get("name")
         if kind == "preset":
             from dsgen.catalog.presets import get_model
 
             shape = get_model(block["preset"], path="model.preset", location=self.source.location(("model", "preset")))
-        elif kind == "hf_config":
+        elif kind in ("hf", "hf_config"):
             from dsgen.catalog.hf_config import AssumptionWarning, shape_from_hf_config
 
-            config_file = self.base_dir / block["hf_config"]
+            if kind == "hf":
+                config_file = self.cached_config(
+                    block["hf"], block.get("hf_revision", spec_default("model.hf_revision"))
+                )
+                name = name or block["hf"]
+            else:
+                config_file = self.base_dir / block["hf_config"]
             try:  # a file or a model folder
-                found = (config_file / "config.json" if config_file.is_dir() else config_file).is_file()
+                present = (config_file / "config.json" if config_file.is_dir() else config_file).is_file()
             except OSError as exc:  # a name the file system refuses (too long, ...), not a missing file
-                raise self.fail(("model", "hf_config"), f"cannot read {config_file}: {exc.strerror}") from None
-            if not found:
-                raise self.fail(("model", "hf_config"), f"file not found: {config_file}")
+                raise self.fail(("model", kind), f"cannot read {config_file}: {exc.strerror}") from None
+            if not present:
+                raise self.fail(("model", kind), f"file not found: {config_file}")
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", AssumptionWarning)
                 shape = shape_from_hf_config(config_file, name=name)
@@ -226,6 +234,27 @@ class _SpecBuilder:
         if name and shape.name != name:
             shape = replace(shape, name=name)
         return shape
+
+    def cached_config(self, model_id: str, revision: str) -> Path:
+        """The ``config.json`` of Hugging Face model ``model_id`` in the local cache; one clear error,
+        with the command that fetches it, when the cache does not hold it (dsgen never downloads)."""
+        from dsgen.catalog.hf_cache import cached_config, hub_cache_dir
+
+        cache = hub_cache_dir()
+        try:
+            found = cached_config(model_id, cache, revision)
+        except OSError as exc:
+            raise self.fail(("model", "hf"), f"cannot read the Hugging Face cache {cache}: {exc.strerror}") from None
+        if found is None:
+            at = "" if revision == spec_default("model.hf_revision") else f" at revision {revision}"
+            raise self.fail(
+                ("model", "hf"),
+                f"{model_id}{at} is not in the local Hugging Face cache ({cache}); dsgen reads it, never downloads",
+                hint=f"fetch its config once: hf download {model_id} config.json"
+                + ("" if not at else f" --revision {revision}")
+                + " (or set HF_HUB_CACHE, or give model.hf_config)",
+            )
+        return found
 
     def architecture(self, arch: dict[str, Any], name: str) -> ModelShape:
         """An inline architecture: the numbers given, and the rest from the family's entry in

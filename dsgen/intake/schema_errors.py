@@ -167,8 +167,10 @@ def _explain(error: Any, validator: Any, source: SourceMap | None = None) -> tup
 
 def unknown_key_message(key: str, allowed: list[str]) -> str:
     """'unknown key ...', with the nearest allowed key when one is close: a misspelt required key
-    is reported this way, not as the missing key it was meant to be."""
-    close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+    is reported this way, not as the missing key it was meant to be. Letters swapped (the same
+    letters as an allowed key) come first: difflib's ratio misses them in short keys (``fh``)."""
+    close = [name for name in allowed if sorted(name) == sorted(key)]
+    close = close or difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
     return f"unknown key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
 
 

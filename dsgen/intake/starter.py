@@ -23,10 +23,6 @@ STARTER_BATCH = 256
 #: The starter's sequence length, where the objective does not fix it (GRPO and PPO train on
 #: prompt + completion, so theirs is the generation's lengths).
 STARTER_SEQUENCE_LENGTH = 4096
-#: The objectives that generate completions (``training.generation``).
-GENERATING_OBJECTIVES = ("grpo", "ppo")
-#: The objectives with a reference model (``training.reference_model``).
-REFERENCE_OBJECTIVES = ("dpo", "kto", "ppo")
 
 TEMPLATE = """\
 # A dsgen spec. Next: dsgen new {name}   (writes the DeepSpeed config, prints the plan)
@@ -77,6 +73,7 @@ def starter_batch(world_size: int) -> int:
 def _method_lines(options: StarterOptions) -> str:
     """The training lines a method or objective other than full SFT adds: its key, and the keys
     that shape it in comments, at the schema's defaults (uncommented, they change nothing)."""
+    from dsgen.estimate.objectives import GENERATION_OBJECTIVES, REFERENCE_OBJECTIVES
     from dsgen.spec.defaults import spec_default
 
     lora, generation = "training.lora.", "training.generation."
@@ -95,8 +92,10 @@ def _method_lines(options: StarterOptions) -> str:
     if options.objective != "sft":
         lines.append(f"  objective: {options.objective}")
     if options.objective in REFERENCE_OBJECTIVES:
-        lines.append("  # reference_model: separate   left out (auto): the adapter-disabled policy for LoRA, else a copy")
-    if options.objective in GENERATING_OBJECTIVES:
+        lines.append(
+            "  # reference_model: separate   left out (auto): the adapter-disabled policy for LoRA, else a copy"
+        )
+    if options.objective in GENERATION_OBJECTIVES:
         count, prompt, completion = (
             spec_default(generation + key) for key in ("num_generations", "max_prompt_length", "max_completion_length")
         )
@@ -110,9 +109,11 @@ def _method_lines(options: StarterOptions) -> str:
 def _sequence_length(options: StarterOptions) -> tuple[int, str]:
     """The starter's sequence length and its comment: a generating objective's is prompt +
     completion at the generation's defaults, which the spec checks."""
-    if options.objective not in GENERATING_OBJECTIVES:
-        return STARTER_SEQUENCE_LENGTH, ""
+    from dsgen.estimate.objectives import GENERATION_OBJECTIVES
     from dsgen.spec.defaults import spec_default
+
+    if options.objective not in GENERATION_OBJECTIVES:
+        return STARTER_SEQUENCE_LENGTH, ""
 
     prompt = spec_default("training.generation.max_prompt_length")
     completion = spec_default("training.generation.max_completion_length")
