@@ -88,6 +88,7 @@ MINIMAL = "model: {preset: gpt2}\nhardware: {gpu: {memory_gib: 24}, nvme: {path:
 # Where a loaded Spec keeps what the schema describes, when the name differs.
 ATTRIBUTE = {
     "hardware.gpu": None,  # a preset name or a mapping: no default
+    "model.hf_revision": None,  # where model.hf's config is read from (tests/test_hf_cache.py), not kept
     "$defs.gpu.peak_tflops": "hardware.gpu.peak_tflops_bf16",
     "$defs.architecture.family": None,  # checked through the inline-architecture tests
     # the method, objective and reference model sit together in Training.finetuning
