@@ -66,7 +66,33 @@ def training_runs() -> None:
     )
 
 
+def model_parallel_runs() -> None:
+    """tests/mp_cases.py's AutoTP and AutoEP cases, one launch each and one per shared launch."""
+    from tests.mp_cases import CASES as MP_CASES
+    from tests.mp_cases import launch_of
+    from tests.mp_oracle import measure_mp_cases
+
+    differing, alone_s, together_s = 0, 0.0, 0.0
+    for launch in sorted({launch_of(name) for name in MP_CASES}):
+        ranks = launch[0]
+        names = [name for name in MP_CASES if launch_of(name) == launch]
+        start = time.perf_counter()
+        alone = [measure_mp_cases([MP_CASES[name][0]], ranks=ranks)[0] for name in names]
+        alone_s += time.perf_counter() - start
+        start = time.perf_counter()
+        together = measure_mp_cases([MP_CASES[name][0] for name in names], ranks=ranks)
+        together_s += time.perf_counter() - start
+        for name, one, batched in zip(names, alone, together, strict=True):
+            for rank_one, rank_batched in zip(one, batched, strict=True):
+                differing += _differences(f"{name} rank {rank_one['rank']}", rank_one, rank_batched)
+    print(
+        f"{len(MP_CASES)} AutoTP/AutoEP cases: one launch per case {alone_s:.1f} s, shared launches "
+        f"{together_s:.1f} s; {differing} record keys differ"
+    )
+
+
 def main() -> None:
+    model_parallel_runs()
     training_runs()
     names = sorted(CASES)
     cases = [{"micro_batch": MICRO, "seq_len": SEQUENCE, **CASES[name]} for name in names]

@@ -2,7 +2,7 @@
 
 ``tests/test_mp_oracle_harness.py`` checks the records against the unsharded model and
 ``tests/test_mp_predictions.py`` checks dsgen's predictions against them; both read :func:`measured`,
-so each ``torchrun`` happens once.
+so each ``torchrun`` happens once, and the cases of one launch (:func:`launch_of`) share it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from functools import cache
 from typing import Any
 
 from tests.conftest import require_module
-from tests.mp_oracle import measure_mp
+from tests.mp_oracle import measure_mp_cases
 
 TP_CASES: dict[str, tuple[dict[str, Any], int]] = {
     # the ZeRO-1 run also calls deepspeed.initialize once with train_batch_size over world // TP ranks
@@ -37,9 +37,25 @@ CASES = {**TP_CASES, **EP_CASES}
 TP, EP = 2, 2
 
 
+def launch_of(name: str) -> tuple[int, bool]:
+    """The launch a case shares: its rank count, and whether it runs AutoTP. DeepSpeed builds the
+    tensor-parallel groups once per process (``deepspeed.utils.groups._init_tp_mesh_device``), so a
+    case without AutoTP after one with it would see them (tests/mp_worker.py ``_reset_process_state``)."""
+    case, ranks = CASES[name]
+    return ranks, "autotp_size" in case
+
+
 @cache
-def measured(name: str) -> tuple[dict[str, Any], ...]:
+def _measured_in(launch: tuple[int, bool]) -> dict[str, tuple[dict[str, Any], ...]]:
+    """Every case of one launch, measured together (``bench/batched_launch_identity.py`` shows each
+    record is what a launch of its own reports)."""
     for module in ("deepspeed", "transformers", "safetensors"):
         require_module(module)
-    case, ranks = CASES[name]
-    return tuple(measure_mp(case, ranks=ranks))
+    names = [name for name in CASES if launch_of(name) == launch]
+    measured_cases = measure_mp_cases([CASES[name][0] for name in names], ranks=launch[0])
+    return {name: tuple(records) for name, records in zip(names, measured_cases, strict=True)}
+
+
+def measured(name: str) -> tuple[dict[str, Any], ...]:
+    """Case ``name``'s record per rank."""
+    return _measured_in(launch_of(name))[name]

@@ -31,7 +31,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.ds_oracle import measure_case, merge_config
+from tests.ds_oracle import measure_cases, merge_config
 
 WORKER = Path(__file__).resolve().parent / "mp_worker.py"
 RECORD_KIND = "DSGEN_MP"  # keep in sync with mp_worker.RECORD_KIND
@@ -116,10 +116,18 @@ def ds_config_for(case: dict[str, Any], ranks: int) -> dict[str, Any]:
 
 
 def measure_mp(case: dict[str, Any], ranks: int = 2, timeout: float = 600) -> list[dict[str, Any]]:
-    """Run ``case`` on ``ranks`` CPU ranks with real DeepSpeed; one measured record per rank.
+    """Run ``case`` on ``ranks`` CPU ranks with real DeepSpeed; one measured record per rank:
+    :func:`measure_mp_cases` with one case."""
+    return measure_mp_cases([case], ranks=ranks, timeout=timeout)[0]
 
-    Missing case keys take :data:`DEFAULT_CASE`'s values. Launched and read by
-    :func:`tests.ds_oracle.measure_case` (which raises ``OracleRunError`` with the log tail)."""
-    full_case = {**DEFAULT_CASE, **case}
-    full_case["ds_config"] = ds_config_for(full_case, ranks)
-    return measure_case(WORKER, RECORD_KIND, full_case, ranks=ranks, timeout=timeout, what="model-parallel")
+
+def measure_mp_cases(cases: list[dict[str, Any]], ranks: int = 2, timeout: float = 600) -> list[list[dict[str, Any]]]:
+    """Run every case in one launch on ``ranks`` CPU ranks with real DeepSpeed; per case, one
+    measured record per rank. Missing case keys take :data:`DEFAULT_CASE`'s values. Launched and
+    read by :func:`tests.ds_oracle.measure_cases` (which raises ``OracleRunError`` with the log tail)."""
+    full_cases = []
+    for case in cases:
+        full_case = {**DEFAULT_CASE, **case}
+        full_case["ds_config"] = ds_config_for(full_case, ranks)
+        full_cases.append(full_case)
+    return measure_cases(WORKER, RECORD_KIND, full_cases, ranks=ranks, timeout=timeout, what="model-parallel")

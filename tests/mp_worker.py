@@ -1,6 +1,6 @@
 """torchrun worker: train a tiny model under DeepSpeed AutoTP / AutoEP and report what each rank holds.
 
-Launched by :func:`tests.mp_oracle.measure_mp`, one process per rank, on DeepSpeed's CPU accelerator
+Launched by :func:`tests.mp_oracle.measure_mp_cases`, one process per rank, on DeepSpeed's CPU accelerator
 with the gloo backend. It measures; it predicts nothing. The case (a JSON file, ``--case``) names the
 model (a tiny Llama, Qwen3-MoE or Mixtral built from a transformers config class, random weights,
 nothing downloaded), the dtype, and the complete DeepSpeed config composed by the oracle: the ZeRO
@@ -63,8 +63,10 @@ from typing import TYPE_CHECKING, Any
 
 try:
     from tests.tiny_models import hf_config, model_classes, parse_case_args
+    from tests.worker_state import reset_process_state
 except ModuleNotFoundError:  # torchrun runs a worker as a script: tests/, not the checkout, is on sys.path
     from tiny_models import hf_config, model_classes, parse_case_args  # type: ignore[no-redef]
+    from worker_state import reset_process_state  # type: ignore[no-redef]
 
 if TYPE_CHECKING:
     import torch
@@ -188,6 +190,8 @@ def _shim_can_record_registry() -> None:
 
     registry_cls = output_capturing._CanRecordRegistry
     original = registry_cls.get
+    if not _REGISTRY_GET:
+        _REGISTRY_GET.append(original)
 
     def get(self: Any, key: Any, *default: Any) -> Any:
         if isinstance(key, str):
@@ -398,23 +402,56 @@ def _initialize(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_case_args(argv, __doc__.splitlines()[0])
-    case: dict[str, Any] = json.loads(args.case.read_text())
+    given = json.loads(args.case.read_text())
+    cases: list[dict[str, Any]] = given if isinstance(given, list) else [given]
     sys.path.insert(0, str(WORKER.parent))  # torchrun runs this file as a script: finetune_worker is beside it
     sys.path.insert(0, str(WORKER.parent.parent))  # and tests.rank_reports in the checkout
 
     import deepspeed
     from deepspeed import comm as dist
 
-    model_classes(case["model"])
+    for case in cases:
+        model_classes(case["model"])
     deepspeed.init_distributed(dist_backend="gloo")
     try:
-        return _run(case, args.case.parent)
+        for index, case in enumerate(cases):
+            # a list of cases tags each record with its place (tests/ds_oracle.measure_cases)
+            status = _run(case, args.case.parent, index if isinstance(given, list) else None)
+            gc.collect()  # this case's engines go before the next case builds its own
+            _reset_process_state()
+            if status:
+                return status
+        return 0
     finally:
         gc.collect()  # see tests/ds_train_worker.py: free engines while the group is alive
         dist.destroy_process_group()
 
 
-def _run(case: dict[str, Any], tmp: Path) -> int:
+#: transformers' ``_CanRecordRegistry.get`` as installed, kept by the first shim (see the module docstring)
+_REGISTRY_GET: list[Any] = []
+
+
+def _reset_process_state() -> None:
+    """Undo what a case leaves behind, so that the next case in the same processes starts as a
+    fresh launch would (``bench/batched_launch_identity.py`` compares the records both ways):
+    ZeRO-3's ``linear`` override (``tests/worker_state.py``); the arguments ``deepspeed.tp_model_init``
+    records for the next ``initialize`` to merge into its config (``runtime/tensor_parallel/init_utils.py``
+    ``_TP_MODEL_INIT_ARGS``, kept for the rest of the process); and the registry shim, so that a later
+    AutoEP case meets transformers' ``get`` as installed and records its error again.
+
+    What it cannot undo: the tensor-parallel process groups (``deepspeed.utils.groups``, built once per
+    process), so cases with and without AutoTP never share a launch (``tests/mp_cases.py``)."""
+    from deepspeed.runtime.tensor_parallel import init_utils
+
+    reset_process_state()
+    init_utils._TP_MODEL_INIT_ARGS = None
+    if _REGISTRY_GET:
+        from transformers.utils import output_capturing
+
+        setattr(output_capturing._CanRecordRegistry, "get", _REGISTRY_GET[0])  # noqa: B010
+
+
+def _run(case: dict[str, Any], tmp: Path, case_index: int | None = None) -> int:
     import deepspeed
     import torch
     import transformers
@@ -434,6 +471,7 @@ def _run(case: dict[str, Any], tmp: Path) -> int:
     accumulation = int(ds_config.get("gradient_accumulation_steps", 1))
 
     record: dict[str, Any] = {
+        **({} if case_index is None else {"case_index": case_index}),
         "rank": rank,
         "world_size": world,
         "case": {k: v for k, v in case.items() if k != "ds_config"},
