@@ -113,7 +113,7 @@ def test_hf_trainer_sp2_bundle_trains_two_steps(tmp_path: Path, ranks: int) -> N
     require_module("transformers")
     require_module("accelerate")
     from tests import ds_oracle, rank_reports
-    from tests.test_deepspeed_oracle import TINY_SPEC
+    from tests.train_cases import TINY_SPEC
 
     config = EXAMPLES_DIR / "tiny-llama" / "config.json"
     pins = "  zero_stage: 2\n  offload_optimizer: none\n  activation_checkpointing: false\n  micro_batch_size: 1\n  sequence_parallel_size: 2"

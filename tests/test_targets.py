@@ -504,7 +504,7 @@ def test_hf_trainer_bundle_trains_two_steps_through_its_launch_script(tmp_path: 
 
     config = EXAMPLES_DIR / "tiny-llama" / "config.json"
     spec_file = tmp_path / "spec.yaml"
-    from tests.test_deepspeed_oracle import TINY_SPEC
+    from tests.train_cases import TINY_SPEC
 
     # plain ZeRO-2 (the AutoTP bundle's launch is tests/test_model_parallel_targets.py's)
     pins = (
