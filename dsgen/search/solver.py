@@ -121,12 +121,21 @@ def _structures(spec: Spec, search: bool = False) -> Iterator[_Structure]:
     :func:`solve`)."""
     degrees = sequence_parallel_degrees(spec, search)
     layouts = model_parallel_layouts(spec)
+    # what each depends on, asked once: bases differ in far more than the refusal rules read
+    refused: dict[tuple[object, ...], bool] = {}
+    choices: dict[tuple[int, Checkpointing], list[LongContext]] = {}
     for base in _base_structures(spec):
         for layout in layouts:
             for sp in degrees:
-                if _refused(spec, base, layout, sp):  # e.g. AutoTP with Ulysses (autotp-ulysses)
+                key = (base.stage, base.offload_optimizer, base.offload_param, base.zeropp, layout, sp)
+                if key not in refused:
+                    refused[key] = _refused(spec, base, layout, sp)
+                if refused[key]:  # e.g. AutoTP with Ulysses (autotp-ulysses)
                     continue
-                for long_context in long_context_choices(spec, sp, base.checkpointing, search):
+                lc_key = (sp, base.checkpointing)
+                if lc_key not in choices:
+                    choices[lc_key] = long_context_choices(spec, sp, base.checkpointing, search)
+                for long_context in choices[lc_key]:
                     yield replace(base, long_context=long_context, model_parallel=layout)
 
 
@@ -179,6 +188,14 @@ def unmet_pins(spec: Spec, plan: Plan) -> tuple[str, ...]:
         "expert_parallel_size": (c.expert_parallel_size, plan.expert_parallel_size),
     }
     return tuple(key for key, (pinned, value) in carried.items() if pinned is not None and pinned != value)
+
+
+def pins_a_dimension(spec: Spec) -> bool:
+    """Whether a constraint pins one of :data:`PINNABLE_KEYS`. Without one, no plan the search
+    proposes misses a pin: the one value always set, ``seq_parallel_communication_data_type``, is
+    the one every Ulysses plan carries (:func:`dsgen.search.long_context.long_context_choices`)."""
+    c = spec.constraints
+    return any(getattr(c, key) is not None for key in PINNABLE_KEYS)
 
 
 def _refused(spec: Spec, base: _Structure, layout: ModelParallel, sp: int) -> bool:
@@ -346,13 +363,14 @@ def _search(
     # first split is priced leanest first (see price_split); only the order of pricing reads it
     first_split_fitted = True
     beyond_s = float("inf")  # (4.) the band's edge above the fastest feasible plan priced so far
+    pinned = pins_a_dimension(spec)  # else no plan can miss a pin (asked once, not per plan)
 
     def price(st: _Structure, knobs: ZeroKnobs, micro: int, accum: int) -> Evaluation:
         nonlocal evaluated, beyond_s
         evaluated += 1
         plan = _plan(st, precision, knobs, micro, accum, dp)
         priced = evaluate(spec, plan, accounting)
-        if scope == "choice" and priced.feasible and not unmet_pins(spec, plan):
+        if scope == "choice" and priced.feasible and not (pinned and unmet_pins(spec, plan)):
             beyond_s = min(beyond_s, priced.step.total_s * (1 + STEP_TIME_TIE_BAND))
         return priced
 
@@ -471,13 +489,16 @@ def _search(
 
 def floor_falls_with_micro(st: _Structure) -> bool:
     """Whether the step-time floor of ``st``'s splits never rises with the micro-batch, so that its
-    largest split's floor is its lowest, to the last bit. Without AutoTP, AutoEP or the long-context
-    terms the floor is compute + offload + generation (:func:`step_time_floor`): offload and
-    generation read no split, and compute is the step's fixed FLOPs over a rate that only grows
-    with the micro-batch's tokens (``_micro_batch_efficiency``); each float operation on the way is
-    correctly rounded, hence monotone. The model-parallel and long-context terms are not shown
-    monotone, so their splits are all asked."""
-    return not st.model_parallel.active and not st.long_context.active
+    largest split's floor is its lowest, to the last bit. Without the long-context terms the floor
+    is compute + model-parallel traffic + offload + generation (:func:`step_time_floor`): offload
+    and generation read no split; compute is the step's fixed FLOPs over a rate that only grows
+    with the micro-batch's tokens (``_micro_batch_efficiency``); the AutoTP / AutoEP seconds are
+    accumulation x (bytes in proportion to the micro-batch + a launch latency per collective)
+    (``dsgen.estimate.model_parallel_time._step_seconds``), so at a fixed micro x accumulation
+    the bytes stay and the latencies fall with every halving of the accumulation, by far more than
+    a rounding. Each float operation on the way is correctly rounded, hence monotone. The
+    long-context terms are not shown monotone, so their splits are all asked."""
+    return not st.long_context.active
 
 
 #: The knobs a floor is priced with: it reads none (:func:`dsgen.estimate.throughput.step_time_floor`).
@@ -694,7 +715,8 @@ def solve(spec: Spec, accounting: Accounting = "dsgen", scope: Scope = "full") -
         more, counted = _search(spec, target.sequences, accounting, long_search=True, scope=scope)
         evaluations, evaluated = evaluations + more, evaluated + counted
     # a pin is a pin: the search proposes only pinned values, and nothing else is ever shown
-    evaluations = [e for e in evaluations if not unmet_pins(spec, e.plan)]
+    if pins_a_dimension(spec):
+        evaluations = [e for e in evaluations if not unmet_pins(spec, e.plan)]
     if not evaluations:  # every structure lacked a batch split it could run
         raise _no_plan_for_pins(spec)
     feasible = [e for e in evaluations if e.feasible]
