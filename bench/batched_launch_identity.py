@@ -42,6 +42,15 @@ def _differences(name: str, one: dict[str, Any], batched: dict[str, Any]) -> int
     return len(differing)
 
 
+def _rank_differences(names: list[str], alone: list[list[dict[str, Any]]], together: list[list[dict[str, Any]]]) -> int:
+    """:func:`_differences` of each case's rank records, one launch each against a shared launch."""
+    differing = 0
+    for name, one, batched in zip(names, alone, together, strict=True):
+        for rank_one, rank_batched in zip(one, batched, strict=True):
+            differing += _differences(f"{name} rank {rank_one['rank']}", rank_one, rank_batched)
+    return differing
+
+
 def training_runs() -> None:
     """tests/train_cases.py's runs (tests/ds_oracle.train_cases), one launch each and all in one."""
     import tempfile
@@ -82,18 +91,15 @@ def model_parallel_runs() -> None:
         start = time.perf_counter()
         together = measure_mp_cases([MP_CASES[name][0] for name in names], ranks=ranks)
         together_s += time.perf_counter() - start
-        for name, one, batched in zip(names, alone, together, strict=True):
-            for rank_one, rank_batched in zip(one, batched, strict=True):
-                differing += _differences(f"{name} rank {rank_one['rank']}", rank_one, rank_batched)
+        differing += _rank_differences(names, alone, together)
     print(
         f"{len(MP_CASES)} AutoTP/AutoEP cases: one launch per case {alone_s:.1f} s, shared launches "
         f"{together_s:.1f} s; {differing} record keys differ"
     )
 
 
-def main() -> None:
-    model_parallel_runs()
-    training_runs()
+def finetune_runs() -> None:
+    """tests/test_finetuning_measured.py's fine-tuning cases, one launch each and all in one."""
     names = sorted(CASES)
     cases = [{"micro_batch": MICRO, "seq_len": SEQUENCE, **CASES[name]} for name in names]
     measure_finetunes(cases[:1], ranks=RANKS)  # builds the ops, warms the page cache
@@ -103,14 +109,17 @@ def main() -> None:
     start = time.perf_counter()
     together = measure_finetunes(cases, ranks=RANKS)
     together_s = time.perf_counter() - start
-    differing = 0
-    for name, one, batched in zip(names, alone, together, strict=True):
-        for rank_one, rank_batched in zip(one, batched, strict=True):
-            differing += _differences(f"{name} rank {rank_one['rank']}", rank_one, rank_batched)
+    differing = _rank_differences(names, alone, together)
     print(
         f"{len(cases)} cases on {RANKS} ranks: one launch per case {alone_s:.1f} s, one launch for all "
         f"{together_s:.1f} s; {differing} record keys differ"
     )
+
+
+def main() -> None:
+    model_parallel_runs()
+    training_runs()
+    finetune_runs()
 
 
 if __name__ == "__main__":

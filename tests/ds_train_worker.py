@@ -24,7 +24,6 @@ number of optimizer steps; 4 if the config asks for something the CPU accelerato
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
 import os
@@ -177,33 +176,21 @@ def main(argv: list[str] | None = None) -> int:
         )
         return EXIT_UNSUPPORTED
 
-    import deepspeed
-    from deepspeed import comm as dist
-
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: tests.* from the checkout
-    from tests.worker_state import reset_process_state
+    from tests.worker_state import run_cases
 
-    _import_model_classes()
-    imported = time.monotonic()
-    deepspeed.init_distributed(dist_backend="gloo")
-    try:
-        for index, (case, config) in enumerate(zip(cases, configs, strict=True)):
-            status = _train(case, config, started, imported, index if args.cases is not None else None)
-            # this case's engine, its ZeRO optimizer and their hooks form reference cycles: free
-            # them before the next case builds its own, and undo what ZeRO-3 left in the process
-            gc.collect()
-            reset_process_state()
-            if status:
-                return status
-            started = imported = time.monotonic()  # a later case's clock starts when it does
-        return 0
-    finally:
-        # Collect the engines while the process group they hold work on is alive; left to
-        # interpreter shutdown, gloo's threads can die mid-join and abort the rank ("terminate
-        # called without an active exception"). Then tear the group down while the interpreter is
-        # whole, on every path (see tests/hf_trainer_script.py).
-        gc.collect()
-        dist.destroy_process_group()
+    clock = [started, started]  # (started, imported) of the case to come: a later case's starts when it does
+
+    def prepare() -> None:
+        _import_model_classes()
+        clock[1] = time.monotonic()
+
+    def train(index: int) -> int:
+        status = _train(cases[index], configs[index], *clock, index if args.cases is not None else None)
+        clock[:] = [time.monotonic()] * 2
+        return status
+
+    return run_cases(len(cases), train, prepare=prepare)
 
 
 def _train(

@@ -43,10 +43,10 @@ from typing import TYPE_CHECKING, Any
 
 try:
     from tests.tiny_models import hf_config, model_classes, parse_case_args
-    from tests.worker_state import reset_process_state
+    from tests.worker_state import run_cases
 except ModuleNotFoundError:  # torchrun runs a worker as a script: tests/, not the checkout, is on sys.path
     from tiny_models import hf_config, model_classes, parse_case_args  # type: ignore[no-redef]
-    from worker_state import reset_process_state  # type: ignore[no-redef]
+    from worker_state import run_cases  # type: ignore[no-redef]
 
 if TYPE_CHECKING:
     import torch
@@ -456,29 +456,18 @@ def main(argv: list[str] | None = None) -> int:
     given = json.loads(args.case.read_text())
     cases: list[dict[str, Any]] = given if isinstance(given, list) else [given]
 
-    import deepspeed
-    from deepspeed import comm as dist
+    def prepare() -> None:
+        for case in cases:
+            model_classes(case["model"])
+        if any(case["method"] in ("lora", "qlora") for case in cases):
+            import peft  # noqa: F401  (before any zero.Init, like transformers)
+        if any(case.get("objective", "sft") == "dpo" for case in cases):
+            import trl.models.utils
+            import trl.trainer.utils  # noqa: F401
 
-    for case in cases:
-        model_classes(case["model"])
-    if any(case["method"] in ("lora", "qlora") for case in cases):
-        import peft  # noqa: F401  (before any zero.Init, like transformers)
-    if any(case.get("objective", "sft") == "dpo" for case in cases):
-        import trl.models.utils
-        import trl.trainer.utils  # noqa: F401
-    deepspeed.init_distributed(dist_backend="gloo")
-    try:
-        for index, case in enumerate(cases):
-            # a list of cases tags each record with its place (tests/ds_oracle.measure_cases)
-            status = _run(case, args.case.parent, index if isinstance(given, list) else None)
-            gc.collect()  # this case's engines go before the next case builds its own
-            reset_process_state()
-            if status:
-                return status
-        return 0
-    finally:
-        gc.collect()  # see tests/ds_train_worker.py: free engines while the group is alive
-        dist.destroy_process_group()
+    # a list of cases tags each record with its place (tests/ds_oracle.measure_cases)
+    tagged = isinstance(given, list)
+    return run_cases(len(cases), lambda i: _run(cases[i], args.case.parent, i if tagged else None), prepare=prepare)
 
 
 def _run(case: dict[str, Any], tmp: Path, case_index: int | None) -> int:

@@ -63,10 +63,10 @@ from typing import TYPE_CHECKING, Any
 
 try:
     from tests.tiny_models import hf_config, model_classes, parse_case_args
-    from tests.worker_state import reset_process_state
+    from tests.worker_state import reset_process_state, run_cases
 except ModuleNotFoundError:  # torchrun runs a worker as a script: tests/, not the checkout, is on sys.path
     from tiny_models import hf_config, model_classes, parse_case_args  # type: ignore[no-redef]
-    from worker_state import reset_process_state  # type: ignore[no-redef]
+    from worker_state import reset_process_state, run_cases  # type: ignore[no-redef]
 
 if TYPE_CHECKING:
     import torch
@@ -407,24 +407,15 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(WORKER.parent))  # torchrun runs this file as a script: finetune_worker is beside it
     sys.path.insert(0, str(WORKER.parent.parent))  # and tests.rank_reports in the checkout
 
-    import deepspeed
-    from deepspeed import comm as dist
+    def prepare() -> None:
+        for case in cases:
+            model_classes(case["model"])
 
-    for case in cases:
-        model_classes(case["model"])
-    deepspeed.init_distributed(dist_backend="gloo")
-    try:
-        for index, case in enumerate(cases):
-            # a list of cases tags each record with its place (tests/ds_oracle.measure_cases)
-            status = _run(case, args.case.parent, index if isinstance(given, list) else None)
-            gc.collect()  # this case's engines go before the next case builds its own
-            _reset_process_state()
-            if status:
-                return status
-        return 0
-    finally:
-        gc.collect()  # see tests/ds_train_worker.py: free engines while the group is alive
-        dist.destroy_process_group()
+    # a list of cases tags each record with its place (tests/ds_oracle.measure_cases)
+    tagged = isinstance(given, list)
+    return run_cases(
+        len(cases), lambda i: _run(cases[i], args.case.parent, i if tagged else None), _reset_process_state, prepare
+    )
 
 
 #: transformers' ``_CanRecordRegistry.get`` as installed, kept by the first shim (see the module docstring)

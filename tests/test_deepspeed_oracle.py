@@ -16,7 +16,7 @@ from dsgen.spec.yaml_source import SourceMap
 from dsgen.validate import validate_config
 from tests.conftest import EXAMPLES_DIR, require_module
 from tests.spec_strategies import specs
-from tests.train_cases import TRAINING_PLANS, plan_optimizer, plan_spec_text, rendered_case, trained
+from tests.train_cases import TRAINING_PLANS, plan_optimizer, rendered_plan, trained
 
 
 @pytest.fixture(scope="module")
@@ -81,21 +81,12 @@ def test_random_specs_render_configs_deepspeed_accepts(spec_data: dict[str, Any]
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TRAINING_PLANS))
-def test_rendered_plan_trains_two_steps_under_real_deepspeed(name: str, tmp_path: Path, oracle: Any) -> None:
+def test_rendered_plan_trains_two_steps_under_real_deepspeed(name: str, oracle: Any) -> None:
     require_module("transformers")
-    spec_file = tmp_path / "spec.yaml"
-    spec_file.write_text(plan_spec_text(name))
-    spec = load_spec(spec_file)
-    result = solve_spec(spec)
-    assert result.fully_pinned and result.best is not None
-    plan = result.best.plan
-    config = render_plan(spec, plan).config
+    plan, config = rendered_plan(name)  # what the shared launch trained (tests/train_cases.py)
     assert plan.data_parallel_size == 2
     optimizer = plan_optimizer(name)
     assert ("optimizer" in config) == (optimizer == "adamw")
-    case = rendered_case(name)  # what the shared launch trained: this config, as this plan says
-    assert case.config == config
-    assert case.checkpointing == (plan.checkpointing == "full")
     outcome = trained()[f"rendered-{name}"]
     assert outcome.returncode == 0, outcome.describe()[-4000:]
     assert len(outcome.losses) == 2, outcome.describe()[-4000:]

@@ -13,10 +13,13 @@ from __future__ import annotations
 import tempfile
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tests.conftest import EXAMPLES_DIR
 from tests.ds_oracle import TrainCase, TrainResult, train_cases
+
+if TYPE_CHECKING:
+    from dsgen.plan import Plan
 
 RANKS = 2
 MICRO = 2
@@ -90,8 +93,9 @@ def plan_spec_text(name: str) -> str:
     return TINY_SPEC.format(config=config, constraints=TRAINING_PLANS[name], optimizer=plan_optimizer(name))
 
 
-def rendered_case(name: str) -> TrainCase:
-    """The run of rendered plan ``name``: dsgen's config, trained as its plan says."""
+def rendered_plan(name: str) -> tuple[Plan, dict[str, Any]]:
+    """Rendered plan ``name``: the plan dsgen chooses for its spec (every dimension pinned) and the
+    DeepSpeed config dsgen renders for it."""
     from dsgen.api import load_spec, render_plan, solve_spec
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -101,7 +105,12 @@ def rendered_case(name: str) -> TrainCase:
         result = solve_spec(spec)
         assert result.fully_pinned and result.best is not None
         plan = result.best.plan
-        config = render_plan(spec, plan).config
+        return plan, render_plan(spec, plan).config
+
+
+def rendered_case(name: str) -> TrainCase:
+    """The run of rendered plan ``name``: dsgen's config, trained as its plan says."""
+    plan, config = rendered_plan(name)
     optimizer = plan_optimizer(name)
     return TrainCase(
         config,

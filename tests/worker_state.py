@@ -5,6 +5,9 @@ records are the same either way). Imported by the torchrun workers, before or af
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Callable
+
 
 def reset_process_state() -> None:
     """ZeRO-3's ``zero.Init`` replaces ``torch.nn.functional.linear`` with its memory-efficient
@@ -17,3 +20,41 @@ def reset_process_state() -> None:
     original = getattr(InsertPostInitMethodToModuleSubClasses, "linear_bk", None)
     if original is not None:
         torch.nn.functional.linear = original
+
+
+def _nothing() -> None:
+    pass
+
+
+def run_cases(
+    count: int,
+    run: Callable[[int], int],
+    reset: Callable[[], None] = reset_process_state,
+    prepare: Callable[[], None] = _nothing,
+) -> int:
+    """Run cases ``0 .. count-1`` in one gloo process group, in order, and stop at the first that
+    returns a non-zero status (which is returned). ``prepare`` runs once, after DeepSpeed is
+    imported and before the group starts (the workers import their model classes there). After
+    each case: its engine, its ZeRO optimizer and their hooks form reference cycles, so they are
+    collected before the next case builds its own, and ``reset`` undoes what the case left in the
+    process."""
+    import deepspeed
+    from deepspeed import comm as dist
+
+    prepare()
+    deepspeed.init_distributed(dist_backend="gloo")
+    try:
+        for index in range(count):
+            status = run(index)
+            gc.collect()
+            reset()
+            if status:
+                return status
+        return 0
+    finally:
+        # Collect the engines while the process group they hold work on is alive; left to
+        # interpreter shutdown, gloo's threads can die mid-join and abort the rank ("terminate
+        # called without an active exception"). Then tear the group down while the interpreter is
+        # whole, on every path (see tests/hf_trainer_script.py).
+        gc.collect()
+        dist.destroy_process_group()

@@ -17,9 +17,6 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-#: The revision a model id names when it names none (huggingface_hub's ``DEFAULT_REVISION``).
-DEFAULT_REVISION = "main"
-
 
 def hub_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     """The directory huggingface_hub caches models in, read from ``environ`` as it reads it."""
@@ -36,7 +33,7 @@ def hub_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     return expand(env.get("XDG_CACHE_HOME") or "~/.cache") / "huggingface" / "hub"
 
 
-def cached_config(model_id: str, cache_dir: Path, revision: str = DEFAULT_REVISION) -> Path | None:
+def cached_config(model_id: str, cache_dir: Path, revision: str) -> Path | None:
     """The cached ``config.json`` of ``model_id`` at ``revision`` (a branch or tag the cache has a
     ref for, or a commit hash), or None when the cache does not hold it."""
     repo = cache_dir / ("models--" + model_id.replace("/", "--"))
