@@ -233,15 +233,18 @@ def worker_env() -> dict[str, str]:
 GLOO_ABORT = "terminate called without an active exception"
 
 
-def launch_script(bundle_dir: Path, script: Path, args: list[str], *, cwd: Path) -> tuple[int, str]:
+def launch_script(bundle_dir: Path, script: Path | None, args: list[str], *, cwd: Path) -> tuple[int, str]:
     """Start a rendered bundle's own ``launch.sh`` with ``script`` as its training script (the
-    bundle reads ``TRAIN_SCRIPT``) on this machine's CPU ranks: (exit status, log), the log also
-    written to ``cwd/launch.log``. The ranks' reports are then ``rank_reports.read(cwd, kind)``."""
+    bundle reads ``TRAIN_SCRIPT``; None for the trl target, which runs TRL's own) on this machine's
+    CPU ranks: (exit status, log), the log also written to ``cwd/launch.log``. The ranks' reports
+    are then ``rank_reports.read(cwd, kind)``."""
     from tests.conftest import free_port
 
     prebuild_ops(["ShareMemCommBuilder", "FusedAdamBuilder"])
     env = worker_env()
-    env.update(TRAIN_SCRIPT=str(script), MASTER_PORT=str(free_port()), **rank_reports.prepare(cwd))
+    env.update(MASTER_PORT=str(free_port()), **rank_reports.prepare(cwd))
+    if script is not None:
+        env["TRAIN_SCRIPT"] = str(script)
     proc = subprocess.run(
         [str(bundle_dir / "launch.sh"), *args],
         cwd=cwd,
@@ -256,7 +259,7 @@ def launch_script(bundle_dir: Path, script: Path, args: list[str], *, cwd: Path)
     return proc.returncode, log
 
 
-def run_launch_script(bundle_dir: Path, script: Path, args: list[str], *, cwd: Path) -> str:
+def run_launch_script(bundle_dir: Path, script: Path | None, args: list[str], *, cwd: Path) -> str:
     """:func:`launch_script` that fails the test unless every rank exits 0; returns the log."""
     returncode, log = launch_script(bundle_dir, script, args, cwd=cwd)
     assert returncode == 0, log[-6000:]

@@ -56,7 +56,7 @@ PLANS: dict[str, tuple[str, list[str], int, int, int]] = {
     "qwen-adafactor": ("qwen2.5-7b-adafactor-4xa100-40gb.yaml", [], 0, 0, 0),
     "gpt2-rtx4090": ("gpt2-xl-rtx4090.yaml", ["training.scheduler.type=warmup", "hardware.nodes=2"], 0, 0, 0),
 }
-TARGETS = ("deepspeed", "hf-trainer", "accelerate", "lightning")
+TARGETS = ("deepspeed", "hf-trainer", "accelerate", "lightning", "trl")
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +227,10 @@ def test_hf_trainer_fills_every_auto_without_mismatch(
     parsed = ds_oracle.parse_with_deepspeed(config, dp)
     # DeepSpeed counts every rank of a TP group in train_batch_size (docs/model-parallel-measurements.md)
     assert parsed.train_batch_size == batch * plan.tensor_parallel_size
-    assert parsed.train_micro_batch_size_per_gpu * parsed.gradient_accumulation_steps * dp == batch * plan.tensor_parallel_size
+    assert (
+        parsed.train_micro_batch_size_per_gpu * parsed.gradient_accumulation_steps * dp
+        == batch * plan.tensor_parallel_size
+    )
     assert parsed.bfloat16_config.enabled == (plan.precision == "bf16") == args.bf16
     assert parsed.float16_config.enabled == (plan.precision == "fp16") == args.fp16
     assert parsed.zero_optimization_stage == plan.zero_stage
@@ -432,6 +435,7 @@ def test_default_launchers() -> None:
         "hf-trainer": "torchrun",
         "accelerate": "accelerate",
         "lightning": "torchrun",
+        "trl": "accelerate",  # TRL's CLI runs accelerate launch itself
     }
 
 

@@ -29,7 +29,7 @@ TargetOpt = Annotated[
     typer.Option(
         "--target",
         help="Price the plan for this target's training loop, as `dsgen new --target` does: deepspeed, "
-        "hf-trainer, accelerate or lightning (default: output.target).",
+        "hf-trainer, accelerate, lightning or trl (default: output.target).",
         metavar="TARGET",
     ),
 ]
@@ -76,7 +76,7 @@ def new(
         str | None,
         typer.Option(
             "--target",
-            help="deepspeed, hf-trainer, accelerate or lightning (default: output.target).",
+            help="deepspeed, hf-trainer, accelerate, lightning or trl (default: output.target).",
             metavar="TARGET",
         ),
     ] = None,
@@ -127,8 +127,9 @@ def new(
     typer.echo("")
     if bundle.target == "deepspeed":
         typer.echo(script_requirements(spec, result.best.plan))
+    heading = "before launching" if bundle.target == "trl" else "script must"  # trl: TRL's scripts, none of yours
     for note in bundle.notes if bundle.target != "deepspeed" else ():
-        typer.echo(f"script must: {note}")
+        typer.echo(f"{heading}: {note}")
     for default in bundle.defaults:
         typer.echo(f"default applied: {default}")
     if bundle.request is not None and bundle.launcher in ("slurm", "kubernetes", "pytorchjob"):

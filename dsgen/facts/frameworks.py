@@ -8,7 +8,24 @@ them from below, and :mod:`dsgen.targets` writes the files.
 from __future__ import annotations
 
 #: Programs that read the DeepSpeed JSON (dsgen.validate.targets knows which "auto" each fills).
-TARGETS: tuple[str, ...] = ("deepspeed", "hf-trainer", "accelerate", "lightning")
+TARGETS: tuple[str, ...] = ("deepspeed", "hf-trainer", "accelerate", "lightning", "trl")
+
+
+def config_reader(target: str) -> str:
+    """The program that reads ``target``'s DeepSpeed JSON. TRL's CLI (``trl sft|dpo|kto|grpo|reward``)
+    runs TRL's trainers, subclasses of the HF Trainer (``trl/trainer/base_trainer.py``
+    ``_BaseTrainer(Trainer)``), so the trl target's JSON is the HF Trainer's: the same "auto" keys, the
+    same model-parallel limits. Only the files around it differ (dsgen.targets.trl_cli)."""
+    return "hf-trainer" if target == "trl" else target
+
+
+def runs_own_script(target: str) -> bool:
+    """Whether ``target`` runs its framework's own training script, so that a plan needing calls
+    in the user's script cannot be run there: ALST's Ulysses SP, TiledMLP, tiled loss and checkpoint
+    offload (dsgen.targets.long_context), selective recomputation, and ZeRO-3's leaf marking of a
+    MoE block. The trl target runs TRL's scripts, which make none of them; the solver does not
+    search such plans for it (dsgen.targets.trl_cli refuses them when pinned)."""
+    return target == "trl"
 
 
 def target_violation(target: str, tp: int, ep: int, zero_stage: int) -> tuple[str, str] | None:
@@ -32,6 +49,7 @@ def target_violation(target: str, tp: int, ep: int, zero_stage: int) -> tuple[st
       (``module_inject/auto_ep.py`` ``AutoEP.ep_parser``); it also has no ``config`` to read the
       expert count from.
     """
+    target = config_reader(target)
     if target in ("hf-trainer", "accelerate") and tp > 1 and zero_stage == 3:
         loader = (
             "TrainingArguments registers the ZeRO-3 config"

@@ -109,7 +109,7 @@ def _met_by_sequence_parallelism(spec: Spec) -> BatchTarget | None:
     """The exact batch at the smallest Ulysses degree that splits it, when the degree is the
     solver's to choose and the batch has fewer sequences than GPUs."""
     world = spec.hardware.world_size
-    if spec.constraints.sequence_parallel_size is not None or not spec.constraints.long_context_searchable:
+    if spec.constraints.sequence_parallel_size is not None or not spec.long_context_searchable:
         return None
     if _requested_sequences(spec) >= world:
         return None

@@ -19,7 +19,7 @@ from dsgen.estimate.kernel_limits import KERNEL_LIMIT_HINT, kernel_limit
 from dsgen.estimate.memory import estimate_memory
 from dsgen.estimate.optimizers import is_client_optimizer
 from dsgen.estimate.throughput import STEP_TIME_TIE_BAND, step_time_floor
-from dsgen.facts.frameworks import target_violation
+from dsgen.facts.frameworks import runs_own_script, target_violation
 from dsgen.facts.model_parallel import Layout, autoep_preset_for, violations
 from dsgen.plan import LongContext, ModelParallel, Plan, ZeroKnobs
 from dsgen.search.evaluation import Evaluation, evaluate, usable_bytes
@@ -237,8 +237,12 @@ def _base_structures(spec: Spec) -> Iterator[_Structure]:
     # selective recomputation drops the eager attention's s x s tensors; flash and sdpa never keep
     # them, so there it would only cost time (it stays available as a pin)
     eager = spec.training.attention == "eager"
-    checkpointing_modes = [m for m in CHECKPOINTING_MODES if m != "selective" or eager]
-    for stage in _choices(c.zero_stage, [0, 1, 2, 3]):
+    # a target that runs its framework's own script can neither recompute selectively nor mark a
+    # MoE block as a ZeRO-3 leaf (dsgen.facts.frameworks.runs_own_script); a pin is still priced
+    own_script = runs_own_script(spec.output.target)
+    checkpointing_modes = [m for m in CHECKPOINTING_MODES if m != "selective" or (eager and not own_script)]
+    stages = [0, 1, 2] if own_script and spec.model.num_experts > 0 else [0, 1, 2, 3]
+    for stage in _choices(c.zero_stage, stages):
         # ZeRO-1/2 treat an NVMe optimizer device as CPU offload; only ZeRO-3 swaps to NVMe.
         optimizer_targets: list[OffloadDevice] = offload_targets if stage == 3 else ["none", "cpu"]
         if stage == 0 or is_client_optimizer(spec.training.optimizer):
@@ -590,7 +594,7 @@ def fits_any(spec: Spec) -> bool:
     the smallest per-rank query tensor), leanest structures (ZeRO-3, offload) first.
     """
     global_batch = global_batch_target(spec).sequences
-    search = spec.constraints.long_context_searchable
+    search = spec.long_context_searchable
     splits_by_divisor = _splits_by_degree(spec, global_batch, search)
     layouts = model_parallel_layouts(spec)
     # the splits are keyed by the GPUs that share a micro-batch, the Ulysses degree times the TP one
@@ -708,7 +712,7 @@ def solve(spec: Spec, accounting: Accounting = "dsgen", scope: Scope = "full") -
     plan alone and the alternatives are empty (:data:`Scope`)."""
     target = global_batch_target(spec)
     evaluations, evaluated = _search(spec, target.sequences, accounting, scope=scope)
-    if not any(e.feasible for e in evaluations) and spec.constraints.long_context_searchable:
+    if not any(e.feasible for e in evaluations) and spec.long_context_searchable:
         # ALST needs training-script changes no config carries (launch.sh lists them), so its
         # unpinned dimensions join the search only when no plan fits without them; then all
         # four are searched jointly with the others.

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from dsgen.catalog.gpu import GpuSpec
 from dsgen.catalog.model_shape import ModelShape
 from dsgen.errors import Location
+from dsgen.facts.frameworks import config_reader, runs_own_script
 from dsgen.spec.defaults import spec_default
 from dsgen.spec.yaml_source import locate
 from dsgen.units import GIB
@@ -230,7 +231,7 @@ class Output:
         Trainer's ``compute_loss`` returns the loss alone (``tests/test_loss_transient.py``
         watches its logits die before ``accelerator.backward``). The other targets run the
         user's loop, which commonly keeps ``outputs`` until backward."""
-        return self.target == "hf-trainer"
+        return config_reader(self.target) == "hf-trainer"  # TRL's trainers are the HF Trainer's
 
     @property
     def trainer_saves_model(self) -> bool:
@@ -239,7 +240,7 @@ class Output:
         saves through DeepSpeed's ``save_checkpoint`` alone (``strategies/deepspeed.py``
         ``DeepSpeedStrategy.save_checkpoint``); the other targets run the user's loop, priced as
         saving with ``save_checkpoint`` (``accelerator.save_state`` does)."""
-        return self.target == "hf-trainer"
+        return config_reader(self.target) == "hf-trainer"  # TRL's trainers are the HF Trainer's
 
 
 @dataclass(frozen=True)
@@ -255,6 +256,17 @@ class Spec:
     key_lines: tuple[tuple[str, int], ...] = ()  # (dotted key path, line) for later error messages
     key_overrides: tuple[tuple[str, Location], ...] = ()  # (dotted key path, where it was set instead)
     notes: tuple[str, ...] = ()  # what the loader replaced in the user's defaults, said in the output
+
+    @property
+    def long_context_searchable(self) -> bool:
+        """Whether the solver may add the ALST dimensions it is free to choose: the constraints
+        leave one open (:attr:`Constraints.long_context_searchable`) and the target can run them."""
+        return self.constraints.long_context_searchable and not runs_own_script(self.output.target)
+
+    def names(self, prefix: str) -> bool:
+        """Whether the user wrote ``prefix`` (or a key under it) in the spec, a --set or a sweep."""
+        keys = [key for key, _ in self.key_lines] + [key for key, _ in self.key_overrides]
+        return any(key == prefix or key.startswith(prefix + ".") for key in keys)
 
     def location(self, path: str) -> Location:
         """Where ``path`` was written: on the command line or in a sweep if it or an ancestor was

@@ -1,7 +1,7 @@
 """Output targets and launchers: which files ``dsgen new`` writes for a framework and a launcher.
 
 A *target* is the program that reads the DeepSpeed JSON (DeepSpeed itself, the Hugging Face
-Trainer, Accelerate, Lightning); a *launcher* is what starts one process per GPU on every node
+Trainer, Accelerate, Lightning, TRL's CLI); a *launcher* is what starts one process per GPU on every node
 (torchrun, the ``deepspeed`` launcher, ``accelerate launch``, an sbatch script, a Kubeflow
 ``TrainJob`` or ``PyTorchJob`` on Kubernetes, or none). The file names below are part of the output
 contract: pipelines rely on them.
@@ -56,6 +56,7 @@ FRAMEWORK_FILE: dict[str, str] = {
     "hf-trainer": "training_args.json",
     "accelerate": "accelerate_config.yaml",
     "lightning": "lightning_trainer.json",
+    "trl": "trl_config.yaml",
 }
 
 #: What each target is normally started with. ``deepspeed`` keeps today's single JSON file.
@@ -64,6 +65,7 @@ DEFAULT_LAUNCHER: dict[str, str] = {
     "hf-trainer": "torchrun",
     "accelerate": "accelerate",
     "lightning": "torchrun",
+    "trl": "accelerate",
 }
 
 #: Launchers that can start each target's processes. Accelerate's config is read only by
@@ -76,4 +78,6 @@ ALLOWED_LAUNCHERS: dict[str, tuple[str, ...]] = {
     "hf-trainer": ("torchrun", "deepspeed", "accelerate", "slurm", "kubernetes", "pytorchjob", "none"),
     "accelerate": ("accelerate", "slurm", "none"),
     "lightning": ("torchrun", "slurm", "kubernetes", "pytorchjob", "none"),
+    # TRL's CLI is itself ``accelerate launch`` of TRL's script (trl/cli/accelerate_launcher.py)
+    "trl": ("accelerate", "none"),
 }

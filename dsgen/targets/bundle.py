@@ -30,8 +30,9 @@ from dsgen.targets import (
 from dsgen.targets.context import target_context
 from dsgen.targets.finetuning_files import FINETUNING_FILES, finetuning_files
 from dsgen.targets.kubernetes import KUBERNETES_LAUNCHERS, kubernetes_files
-from dsgen.targets.render import Rendered, check_rendered, render_template, template_context
+from dsgen.targets.render import TARGET_TEMPLATES, Rendered, check_rendered, render_template, template_context
 from dsgen.targets.requests import ResourceRequest, resource_request
+from dsgen.targets.trl_cli import PLACEHOLDER, trl_command, trl_sections
 
 
 @dataclass(frozen=True)
@@ -100,10 +101,15 @@ def render_bundle(
     ctx = target_context(spec, plan, target, launcher)
     context = template_context(spec, plan, ctx, resources=request)
     files: dict[str, str] = {}
-    raw = render_template(f"{target}/ds_config.json.j2", context, template_dir)
-    config = _parse_json(raw, f"{target}/ds_config.json.j2")
+    raw = render_template(TARGET_TEMPLATES[target], context, template_dir)
+    config = _parse_json(raw, TARGET_TEMPLATES[target])
     check_rendered(config, plan, target, spec.training.deepspeed_version)
     files[CONFIG_FILE] = json.dumps(config, indent=2) + "\n"
+    if target == "trl":  # TRL's CLI reads the HF Trainer's arguments, the objective's and the model's
+        name = "hf-trainer/training_args.json.j2"
+        trainer_args = _parse_json(render_template(name, context, template_dir), name)
+        sections = trl_sections(spec, plan, trainer_args)
+        context["trl"] = {"command": trl_command(spec), "sections": sections, "placeholder": PLACEHOLDER}
     framework = FRAMEWORK_FILE.get(target)
     if framework is not None:
         name = f"{target}/{framework}.j2"
@@ -151,10 +157,9 @@ def write_bundle(bundle: Bundle, dest: Path, *, force: bool) -> list[Path]:
 def default_destination(spec: Spec, bundle: Bundle) -> str:
     """``output.path`` when there is no ``-o``: a file for one JSON, a directory the user named
     for several files (never a directory called ``ds_config.json`` by default)."""
-    from dsgen.targets.context import named
 
     path = spec.output.path
-    if not bundle.single_file and (not named(spec, "output.path") or path.endswith(".json")):
+    if not bundle.single_file and (not spec.names("output.path") or path.endswith(".json")):
         raise DsgenError(
             "this target writes several files: name their directory with -o DIR (or output.path: DIR)",
             path="output.path",

@@ -26,12 +26,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from dsgen.estimate.optimizers import CLIENT_IMPLEMENTATIONS, client_optimizer_call, is_client_optimizer
+from dsgen.facts.frameworks import config_reader
 from dsgen.plan import Plan
 from dsgen.spec.types import Spec
 from dsgen.targets.deepspeed_blocks import COSINE_MIN_RATIO, optimizer_block, scheduler_block
 from dsgen.targets.finetuning_files import finetuning_notes
 from dsgen.targets.long_context import attention_note, check_target, liger_note, long_context_notes
 from dsgen.targets.model_parallel import check_model_parallel_target, model_parallel_notes, needs_config_optimizer
+from dsgen.targets.trl_cli import check_trl, trl_notes
 
 #: TrainingArguments ``optim`` for the optimizers the training script builds itself.
 HF_CLIENT_OPTIM = {"adafactor": "adafactor", "adamw-8bit": "adamw_bnb_8bit"}
@@ -74,12 +76,6 @@ TEARDOWN = {
     "deepspeed": "end the script with deepspeed.comm.barrier(); deepspeed.comm.destroy_process_group() "
     "(a rank exiting with the process group alive can abort after training)",
 }
-
-
-def named(spec: Spec, prefix: str) -> bool:
-    """Whether the user wrote ``prefix`` (or a key under it) in the spec, a --set or a sweep."""
-    keys = [key for key, _ in spec.key_lines] + [key for key, _ in spec.key_overrides]
-    return any(key == prefix or key.startswith(prefix + ".") for key in keys)
 
 
 def hf_bucket_fill(hidden_size: int, zero_stage: int) -> dict[str, int]:
@@ -151,7 +147,7 @@ def optimizer_for(spec: Spec, plan: Plan, target: str, autos: frozenset[str]) ->
     if target == "deepspeed":
         return block
     # AutoEP needs DeepSpeed to build the optimizer (dsgen.targets.model_parallel)
-    wanted = named(spec, "training.optimizer") or plan.offload_optimizer != "none" or needs_config_optimizer(plan)
+    wanted = spec.names("training.optimizer") or plan.offload_optimizer != "none" or needs_config_optimizer(plan)
     if is_client_optimizer(spec.training.optimizer) or not wanted:
         # the framework builds the optimizer and tells ZeRO to accept it (HF and Accelerate do
         # this themselves; Lightning does not)
@@ -164,14 +160,14 @@ def scheduler_for(spec: Spec, target: str, optimizer: dict[str, Any]) -> dict[st
     training_args.json; Accelerate and Lightning take DeepSpeed's only beside DeepSpeed's optimizer."""
     if target == "deepspeed":
         return scheduler_block(spec)
-    if target == "hf-trainer" or optimizer["type"] is None or not named(spec, "training.scheduler"):
+    if target == "hf-trainer" or optimizer["type"] is None or not spec.names("training.scheduler"):
         return None
     return scheduler_block(spec)
 
 
 def hf_scheduler(spec: Spec) -> dict[str, Any] | None:
     """TrainingArguments scheduler keys for the schedule the spec asked for (None: not asked)."""
-    if not named(spec, "training.scheduler"):
+    if not spec.names("training.scheduler"):
         return None
     sched = spec.training.scheduler
     out: dict[str, Any] = {"lr_scheduler_type": HF_SCHEDULER[sched.type], "lr_scheduler_kwargs": None}
@@ -179,7 +175,7 @@ def hf_scheduler(spec: Spec) -> dict[str, Any] | None:
     if sched.type == "warmup_cosine":
         out["lr_scheduler_kwargs"] = {"min_lr_rate": COSINE_MIN_RATIO}
     out["max_steps"] = (
-        max(sched.total_steps, sched.warmup_steps) if named(spec, "training.scheduler.total_steps") else None
+        max(sched.total_steps, sched.warmup_steps) if spec.names("training.scheduler.total_steps") else None
     )
     return out
 
@@ -190,14 +186,14 @@ def defaults_applied(spec: Spec, target: str) -> list[str]:
         return []
     notes = []
     o, s = spec.training.optimizer, spec.training.scheduler
-    if not named(spec, "training.optimizer") and not is_client_optimizer(o):
+    if not spec.names("training.optimizer") and not is_client_optimizer(o):
         notes.append(f"optimizer {o.type} lr {o.lr:g} (dsgen default; set training.optimizer)")
-    if not named(spec, "training.scheduler") and s.type != "none":
+    if not spec.names("training.scheduler") and s.type != "none":
         notes.append(
             f"scheduler {s.type}: warmup {s.warmup_steps} of {s.total_steps} steps "
             "(dsgen default; set training.scheduler, type none for a constant rate)"
         )
-    if not named(spec, "training.gradient_clipping"):
+    if not spec.names("training.gradient_clipping"):
         notes.append(
             f"gradient_clipping {spec.training.gradient_clipping:g} (dsgen default; set training.gradient_clipping)"
         )
@@ -239,7 +235,7 @@ def script_notes(spec: Spec, plan: Plan, target: str, optimizer: dict[str, Any])
             )
     if is_client_optimizer(spec.training.optimizer) and target != "hf-trainer":
         notes.append(f"build the optimizer in the script: {client_optimizer_call(spec.training.optimizer, 'params')}")
-    if target in ("accelerate", "lightning") and optimizer["type"] is None and named(spec, "training.scheduler"):
+    if target in ("accelerate", "lightning") and optimizer["type"] is None and spec.names("training.scheduler"):
         s = spec.training.scheduler
         notes.append(f"build the {s.type} schedule (warmup {s.warmup_steps} of {s.total_steps} steps) in the script")
     notes.extend(long_context_notes(spec, plan, target))  # Ulysses SP, TiledMLP, tiled loss, checkpoint offload
@@ -247,7 +243,7 @@ def script_notes(spec: Spec, plan: Plan, target: str, optimizer: dict[str, Any])
     notes.extend(finetuning_notes(spec, plan, target))  # PEFT, quantization, TRL
     if target == "accelerate" and optimizer["type"] is not None:
         # the config has DeepSpeed's scheduler exactly when the spec named one (scheduler_for)
-        dummies = "DummyOptim and DummyScheduler" if named(spec, "training.scheduler") else "DummyOptim"
+        dummies = "DummyOptim and DummyScheduler" if spec.names("training.scheduler") else "DummyOptim"
         notes.append(f"pass accelerate.utils.{dummies} to accelerator.prepare: the config names them")
     if target in TEARDOWN:
         notes.append(TEARDOWN[target])
@@ -277,23 +273,30 @@ class TargetContext:
 
 
 def target_context(spec: Spec, plan: Plan, target: str, launcher: str) -> TargetContext:
-    check_target(plan, target)  # Ulysses SP needs a framework that passes DeepSpeed an mpu
-    check_model_parallel_target(spec, plan, target)  # AutoTP / AutoEP need a framework that can feed them
-    autos = auto_pointers(spec, plan, target)
-    optimizer = optimizer_for(spec, plan, target, autos)
+    """What ``target``'s templates see. The trl target's JSON is the HF Trainer's
+    (:func:`dsgen.facts.frameworks.config_reader`); TRL's scripts replace the user's script, so its
+    notes are what is left to do before launching, and what they cannot run is refused."""
+    reader = config_reader(target)
+    if target == "trl":
+        check_trl(spec, plan)
+    check_target(plan, reader)  # Ulysses SP needs a framework that passes DeepSpeed an mpu
+    check_model_parallel_target(spec, plan, reader)  # AutoTP / AutoEP need a framework that can feed them
+    autos = auto_pointers(spec, plan, reader)
+    optimizer = optimizer_for(spec, plan, reader, autos)
     kind = spec.training.optimizer.type
-    hf_optim = HF_CLIENT_OPTIM.get(kind) if target == "hf-trainer" else None
-    if target == "hf-trainer" and spec.training.optimizer.implementation in CLIENT_IMPLEMENTATIONS:
+    hf_optim = HF_CLIENT_OPTIM.get(kind) if reader == "hf-trainer" else None
+    if reader == "hf-trainer" and spec.training.optimizer.implementation in CLIENT_IMPLEMENTATIONS:
         hf_optim = HF_TORCH_OPTIM.get((kind, spec.training.optimizer.implementation))
+    notes = trl_notes(spec, plan) if target == "trl" else script_notes(spec, plan, reader, optimizer)
     return TargetContext(
         target=target,
         launcher=launcher,
         autos=autos,
-        omits=omitted_pointers(target),
+        omits=omitted_pointers(reader),
         optimizer=optimizer,
-        scheduler=scheduler_for(spec, target, optimizer),
+        scheduler=scheduler_for(spec, reader, optimizer),
         hf_optim=hf_optim,
-        hf_scheduler=hf_scheduler(spec) if target == "hf-trainer" else None,
-        notes=tuple(script_notes(spec, plan, target, optimizer)),
-        defaults=tuple(defaults_applied(spec, target)),
+        hf_scheduler=hf_scheduler(spec) if reader == "hf-trainer" else None,
+        notes=tuple(notes),
+        defaults=tuple(defaults_applied(spec, reader)),
     )

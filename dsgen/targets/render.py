@@ -23,7 +23,7 @@ from dsgen.plan import Plan
 from dsgen.resources import template_dir
 from dsgen.spec.types import Spec
 from dsgen.targets import CONFIG_FILE, DEEPSPEED_ENV_FILE, FRAMEWORK_FILE, HOSTFILE, LAUNCH_FILE, allocator_env
-from dsgen.targets.context import ACCELERATE_PRECISION, LIGHTNING_PRECISION, TargetContext, named, target_context
+from dsgen.targets.context import ACCELERATE_PRECISION, LIGHTNING_PRECISION, TargetContext, target_context
 from dsgen.targets.long_context import long_context_templates
 from dsgen.targets.requests import ResourceRequest
 
@@ -33,6 +33,7 @@ TARGET_TEMPLATES = {
     "hf-trainer": "hf-trainer/ds_config.json.j2",
     "accelerate": "accelerate/ds_config.json.j2",
     "lightning": "lightning/ds_config.json.j2",
+    "trl": "hf-trainer/ds_config.json.j2",  # TRL's trainers are the HF Trainer's (config_reader)
 }
 
 
@@ -174,7 +175,7 @@ def template_context(
         "nvme_buffers": nvme_buffers(spec.training.optimizer.type),  # the swap buffers the memory estimate priced
         "auto": ctx.auto(),
         "emits": ctx.emits(),
-        "named": lambda prefix: named(spec, prefix),
+        "named": lambda prefix: spec.names(prefix),
         "hf_optim": ctx.hf_optim,
         "hf_scheduler": ctx.hf_scheduler,
         "accelerate_precision": ACCELERATE_PRECISION[plan.precision],

@@ -101,10 +101,9 @@ def slurm_duration(seconds: int) -> str:
 
 def resource_request(spec: Spec, target: str, predicted_host_bytes: int, step_time_s: float) -> ResourceRequest:
     """The request for one plan on ``spec``'s cluster from the plan's predictions."""
-    from dsgen.targets.context import named
 
     hardware = spec.hardware
-    steps = spec.training.scheduler.total_steps if named(spec, "training.scheduler.total_steps") else None
+    steps = spec.training.scheduler.total_steps if spec.names("training.scheduler.total_steps") else None
     return ResourceRequest(
         nodes=hardware.nodes,
         gpus_per_node=hardware.gpus_per_node,

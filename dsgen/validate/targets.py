@@ -22,7 +22,7 @@ in, each for a fixed set of keys:
 
 from __future__ import annotations
 
-from dsgen.facts.frameworks import TARGETS
+from dsgen.facts.frameworks import TARGETS, config_reader
 
 #: Keys HF Trainer fills from TrainingArguments / the model (fill_match / fill_only).
 HF_TRAINER_KEYS = frozenset(
@@ -85,9 +85,10 @@ LAUNCHER_NAMES = {
 
 
 def check_target(target: str) -> str:
-    if target not in RESOLVED_AUTO:
+    """The program that reads ``target``'s JSON, the one the rules judge it for (trl: the HF Trainer)."""
+    if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
-    return target
+    return config_reader(target)
 
 
 def resolves_auto(target: str, pointer: str) -> bool:

@@ -146,7 +146,7 @@ def _validate(
 def _check_settings(world_size: int | None, target: str, deepspeed_version: str) -> tuple[str, str]:
     try:
         version = normalize_version(deepspeed_version)
-        check_target(target)
+        target = check_target(target)
     except ValueError as exc:
         raise DsgenError(str(exc)) from None
     if world_size is not None and (isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1):
