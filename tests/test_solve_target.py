@@ -15,7 +15,7 @@ from cli_helpers import run_cli
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SPECS = sorted(p for p in EXAMPLES.glob("*.yaml"))
-TARGETS = ("deepspeed", "hf-trainer", "accelerate", "lightning", "trl")
+TARGETS = ("deepspeed", "hf-trainer", "accelerate", "lightning", "trl", "llamafactory")
 # 2 x T4 (fp16, 15 GiB): the HF Trainer frees the logits before backward, which here lets the
 # Trainer's loop fit a plan a bare DeepSpeed loop does not (the gpt2-xl case).
 GPT2_T4 = ["--set", "hardware.gpu=t4", "--set", "hardware.gpus_per_node=2"]
@@ -30,8 +30,9 @@ def _bundle_plan(out: Path) -> dict[str, Any]:
     ds = json.loads((out / "ds_config.json").read_text())
     args_file, lightning_file = out / "training_args.json", out / "lightning_trainer.json"
     args = json.loads(args_file.read_text()) if args_file.is_file() else {}
-    if (out / "trl_config.yaml").is_file():  # TRL's CLI reads the same trainer arguments from its YAML
-        args = yaml.safe_load((out / "trl_config.yaml").read_text())
+    for framework_yaml in ("trl_config.yaml", "llamafactory.yaml"):  # the same trainer arguments, in YAML
+        if (out / framework_yaml).is_file():
+            args = yaml.safe_load((out / framework_yaml).read_text())
     trainer = json.loads(lightning_file.read_text()) if lightning_file.is_file() else {}
     micro = _concrete(ds.get("train_micro_batch_size_per_gpu")) or args.get("per_device_train_batch_size")
     accum = (

@@ -56,7 +56,7 @@ PLANS: dict[str, tuple[str, list[str], int, int, int]] = {
     "qwen-adafactor": ("qwen2.5-7b-adafactor-4xa100-40gb.yaml", [], 0, 0, 0),
     "gpt2-rtx4090": ("gpt2-xl-rtx4090.yaml", ["training.scheduler.type=warmup", "hardware.nodes=2"], 0, 0, 0),
 }
-TARGETS = ("deepspeed", "hf-trainer", "accelerate", "lightning", "trl")
+TARGETS = ("deepspeed", "hf-trainer", "accelerate", "lightning", "trl", "llamafactory")
 
 
 @pytest.fixture(scope="module")
@@ -436,6 +436,7 @@ def test_default_launchers() -> None:
         "accelerate": "accelerate",
         "lightning": "torchrun",
         "trl": "accelerate",  # TRL's CLI runs accelerate launch itself
+        "llamafactory": "none",  # llamafactory-cli starts torchrun itself
     }
 
 

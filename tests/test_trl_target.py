@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from dsgen.api import load_spec, render_bundle, solve_spec
-from dsgen.targets.trl_cli import PLACEHOLDER
+from dsgen.targets.own_script import PLACEHOLDER
 from tests.cli_helpers import run_cli
 from tests.conftest import EXAMPLES_DIR, require_module
 

@@ -29,7 +29,7 @@ TargetOpt = Annotated[
     typer.Option(
         "--target",
         help="Price the plan for this target's training loop, as `dsgen new --target` does: deepspeed, "
-        "hf-trainer, accelerate, lightning or trl (default: output.target).",
+        "hf-trainer, accelerate, lightning, trl or llamafactory (default: output.target).",
         metavar="TARGET",
     ),
 ]
@@ -76,7 +76,7 @@ def new(
         str | None,
         typer.Option(
             "--target",
-            help="deepspeed, hf-trainer, accelerate, lightning or trl (default: output.target).",
+            help="deepspeed, hf-trainer, accelerate, lightning, trl or llamafactory (default: output.target).",
             metavar="TARGET",
         ),
     ] = None,
@@ -127,7 +127,8 @@ def new(
     typer.echo("")
     if bundle.target == "deepspeed":
         typer.echo(script_requirements(spec, result.best.plan))
-    heading = "before launching" if bundle.target == "trl" else "script must"  # trl: TRL's scripts, none of yours
+    # trl and llamafactory run their frameworks' scripts, none of yours
+    heading = "before launching" if bundle.target in ("trl", "llamafactory") else "script must"
     for note in bundle.notes if bundle.target != "deepspeed" else ():
         typer.echo(f"{heading}: {note}")
     for default in bundle.defaults:

@@ -56,7 +56,7 @@ def validate(
         str,
         typer.Option(
             "--target",
-            help='Launcher that fills "auto" values: deepspeed, hf-trainer, accelerate, lightning or trl.',
+            help='Launcher that fills "auto" values: deepspeed, hf-trainer, accelerate, lightning, trl or llamafactory.',
             metavar="TARGET",
         ),
     ] = "deepspeed",

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dsgen.errors import DsgenError, Location
+from dsgen.facts.frameworks import LLAMAFACTORY_PREF_LOSS, LLAMAFACTORY_STAGES
 from dsgen.inputs import read_text
 from dsgen.intake.schema_errors import LARGEST_NUMBER as LARGEST  # far past any real batch or rank
 from dsgen.intake.schema_errors import refusal, show
@@ -317,12 +318,6 @@ def trl_overrides(args: dict[str, Any]) -> list[str]:
                     f"training.generation.vllm_gpu_memory_utilization={args['vllm_gpu_memory_utilization']}"
                 )
     return overrides
-
-
-#: LLaMA-Factory's ``stage`` and the objective it trains (``src/llamafactory/train/tuner.py``);
-#: ``pt`` is next-token training like ``sft``. A ``dpo`` stage's ``pref_loss`` picks ORPO or SimPO.
-LLAMAFACTORY_STAGES = {"pt": "sft", "sft": "sft", "dpo": "dpo", "kto": "kto", "rm": "reward", "ppo": "ppo"}
-LLAMAFACTORY_PREF_LOSS = {"orpo": "orpo", "simpo": "simpo"}
 
 
 def llamafactory_inputs(path: str | Path) -> tuple[list[str], dict[str, Any]]:

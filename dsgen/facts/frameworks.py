@@ -8,24 +8,39 @@ them from below, and :mod:`dsgen.targets` writes the files.
 from __future__ import annotations
 
 #: Programs that read the DeepSpeed JSON (dsgen.validate.targets knows which "auto" each fills).
-TARGETS: tuple[str, ...] = ("deepspeed", "hf-trainer", "accelerate", "lightning", "trl")
+TARGETS: tuple[str, ...] = ("deepspeed", "hf-trainer", "accelerate", "lightning", "trl", "llamafactory")
+
+
+#: LLaMA-Factory's ``stage`` and the objective it trains (``src/llamafactory/train/tuner.py``);
+#: ``pt`` is next-token training like ``sft``. A ``dpo`` stage's ``pref_loss`` picks ORPO or SimPO.
+LLAMAFACTORY_STAGES = {"pt": "sft", "sft": "sft", "dpo": "dpo", "kto": "kto", "rm": "reward", "ppo": "ppo"}
+LLAMAFACTORY_PREF_LOSS = {"orpo": "orpo", "simpo": "simpo"}
 
 
 def config_reader(target: str) -> str:
     """The program that reads ``target``'s DeepSpeed JSON. TRL's CLI (``trl sft|dpo|kto|grpo|reward``)
     runs TRL's trainers, subclasses of the HF Trainer (``trl/trainer/base_trainer.py``
     ``_BaseTrainer(Trainer)``), so the trl target's JSON is the HF Trainer's: the same "auto" keys, the
-    same model-parallel limits. Only the files around it differ (dsgen.targets.trl_cli)."""
-    return "hf-trainer" if target == "trl" else target
+    same model-parallel limits. Only the files around it differ (dsgen.targets.trl_cli). LLaMA-Factory's
+    trainers are the HF Trainer's and TRL's subclasses too (``src/llamafactory/train/sft/trainer.py``
+    ``CustomSeq2SeqTrainer(Seq2SeqTrainer)``, ``train/dpo/trainer.py`` ``CustomDPOTrainer(DPOTrainer)``)."""
+    return "hf-trainer" if target in ("trl", "llamafactory") else target
 
 
 def runs_own_script(target: str) -> bool:
     """Whether ``target`` runs its framework's own training script, so that a plan needing calls
-    in the user's script cannot be run there: ALST's Ulysses SP, TiledMLP, tiled loss and checkpoint
-    offload (dsgen.targets.long_context), selective recomputation, and ZeRO-3's leaf marking of a
-    MoE block. The trl target runs TRL's scripts, which make none of them; the solver does not
-    search such plans for it (dsgen.targets.trl_cli refuses them when pinned)."""
-    return target == "trl"
+    in the user's script cannot run there: ALST's Ulysses SP, TiledMLP, tiled loss and checkpoint
+    offload (dsgen.targets.long_context) and selective recomputation. TRL's and LLaMA-Factory's
+    scripts make none of them; the solver does not search such plans for those targets, and a pin
+    for one is refused (dsgen.targets.own_script)."""
+    return target in ("trl", "llamafactory")
+
+
+def marks_moe_leaf(target: str) -> bool:
+    """Whether ``target``'s run marks a MoE block as a ZeRO-3 leaf, which ZeRO-3 on a MoE model
+    needs. The user's script does it on the script targets; LLaMA-Factory's loader does it
+    (``src/llamafactory/model/model_utils/moe.py`` ``add_z3_leaf_module``); TRL's scripts do not."""
+    return target != "trl"
 
 
 def target_violation(target: str, tp: int, ep: int, zero_stage: int) -> tuple[str, str] | None:

@@ -19,7 +19,7 @@ from dsgen.estimate.kernel_limits import KERNEL_LIMIT_HINT, kernel_limit
 from dsgen.estimate.memory import estimate_memory
 from dsgen.estimate.optimizers import is_client_optimizer
 from dsgen.estimate.throughput import STEP_TIME_TIE_BAND, step_time_floor
-from dsgen.facts.frameworks import runs_own_script, target_violation
+from dsgen.facts.frameworks import marks_moe_leaf, runs_own_script, target_violation
 from dsgen.facts.model_parallel import Layout, autoep_preset_for, violations
 from dsgen.plan import LongContext, ModelParallel, Plan, ZeroKnobs
 from dsgen.search.evaluation import Evaluation, evaluate, usable_bytes
@@ -237,11 +237,12 @@ def _base_structures(spec: Spec) -> Iterator[_Structure]:
     # selective recomputation drops the eager attention's s x s tensors; flash and sdpa never keep
     # them, so there it would only cost time (it stays available as a pin)
     eager = spec.training.attention == "eager"
-    # a target that runs its framework's own script can neither recompute selectively nor mark a
-    # MoE block as a ZeRO-3 leaf (dsgen.facts.frameworks.runs_own_script); a pin is still priced
+    # a target that runs its framework's own script cannot recompute selectively, and some cannot
+    # mark a MoE block as a ZeRO-3 leaf (dsgen.facts.frameworks); a pin is still priced, then refused
     own_script = runs_own_script(spec.output.target)
     checkpointing_modes = [m for m in CHECKPOINTING_MODES if m != "selective" or (eager and not own_script)]
-    stages = [0, 1, 2] if own_script and spec.model.num_experts > 0 else [0, 1, 2, 3]
+    moe_leaf = spec.model.num_experts == 0 or marks_moe_leaf(spec.output.target)
+    stages = [0, 1, 2, 3] if moe_leaf else [0, 1, 2]
     for stage in _choices(c.zero_stage, stages):
         # ZeRO-1/2 treat an NVMe optimizer device as CPU offload; only ZeRO-3 swaps to NVMe.
         optimizer_targets: list[OffloadDevice] = offload_targets if stage == 3 else ["none", "cpu"]

@@ -1,7 +1,7 @@
 """Output targets and launchers: which files ``dsgen new`` writes for a framework and a launcher.
 
 A *target* is the program that reads the DeepSpeed JSON (DeepSpeed itself, the Hugging Face
-Trainer, Accelerate, Lightning, TRL's CLI); a *launcher* is what starts one process per GPU on every node
+Trainer, Accelerate, Lightning, TRL's CLI, LLaMA-Factory); a *launcher* is what starts one process per GPU on every node
 (torchrun, the ``deepspeed`` launcher, ``accelerate launch``, an sbatch script, a Kubeflow
 ``TrainJob`` or ``PyTorchJob`` on Kubernetes, or none). The file names below are part of the output
 contract: pipelines rely on them.
@@ -57,6 +57,7 @@ FRAMEWORK_FILE: dict[str, str] = {
     "accelerate": "accelerate_config.yaml",
     "lightning": "lightning_trainer.json",
     "trl": "trl_config.yaml",
+    "llamafactory": "llamafactory.yaml",
 }
 
 #: What each target is normally started with. ``deepspeed`` keeps today's single JSON file.
@@ -66,6 +67,7 @@ DEFAULT_LAUNCHER: dict[str, str] = {
     "accelerate": "accelerate",
     "lightning": "torchrun",
     "trl": "accelerate",
+    "llamafactory": "none",
 }
 
 #: Launchers that can start each target's processes. Accelerate's config is read only by
@@ -80,4 +82,6 @@ ALLOWED_LAUNCHERS: dict[str, tuple[str, ...]] = {
     "lightning": ("torchrun", "slurm", "kubernetes", "pytorchjob", "none"),
     # TRL's CLI is itself ``accelerate launch`` of TRL's script (trl/cli/accelerate_launcher.py)
     "trl": ("accelerate", "none"),
+    # llamafactory-cli starts torchrun itself (FORCE_TORCHRUN=1; NNODES, NODE_RANK on several nodes)
+    "llamafactory": ("none",),
 }

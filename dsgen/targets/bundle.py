@@ -30,9 +30,11 @@ from dsgen.targets import (
 from dsgen.targets.context import target_context
 from dsgen.targets.finetuning_files import FINETUNING_FILES, finetuning_files
 from dsgen.targets.kubernetes import KUBERNETES_LAUNCHERS, kubernetes_files
+from dsgen.targets.llamafactory import llamafactory_sections
+from dsgen.targets.own_script import PLACEHOLDER
 from dsgen.targets.render import TARGET_TEMPLATES, Rendered, check_rendered, render_template, template_context
 from dsgen.targets.requests import ResourceRequest, resource_request
-from dsgen.targets.trl_cli import PLACEHOLDER, trl_command, trl_sections
+from dsgen.targets.trl_cli import trl_command, trl_sections
 
 
 @dataclass(frozen=True)
@@ -105,11 +107,15 @@ def render_bundle(
     config = _parse_json(raw, TARGET_TEMPLATES[target])
     check_rendered(config, plan, target, spec.training.deepspeed_version)
     files[CONFIG_FILE] = json.dumps(config, indent=2) + "\n"
-    if target == "trl":  # TRL's CLI reads the HF Trainer's arguments, the objective's and the model's
+    if target in ("trl", "llamafactory"):  # their YAML carries the HF Trainer's arguments, and more
         name = "hf-trainer/training_args.json.j2"
         trainer_args = _parse_json(render_template(name, context, template_dir), name)
-        sections = trl_sections(spec, plan, trainer_args)
-        context["trl"] = {"command": trl_command(spec), "sections": sections, "placeholder": PLACEHOLDER}
+        if target == "trl":
+            sections = trl_sections(spec, plan, trainer_args)
+            context["trl"] = {"command": trl_command(spec), "placeholder": PLACEHOLDER}
+        else:
+            sections = llamafactory_sections(spec, plan, trainer_args)
+        context["sections"] = sections
     framework = FRAMEWORK_FILE.get(target)
     if framework is not None:
         name = f"{target}/{framework}.j2"

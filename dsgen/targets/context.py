@@ -31,6 +31,7 @@ from dsgen.plan import Plan
 from dsgen.spec.types import Spec
 from dsgen.targets.deepspeed_blocks import COSINE_MIN_RATIO, optimizer_block, scheduler_block
 from dsgen.targets.finetuning_files import finetuning_notes
+from dsgen.targets.llamafactory import check_llamafactory, llamafactory_notes
 from dsgen.targets.long_context import attention_note, check_target, liger_note, long_context_notes
 from dsgen.targets.model_parallel import check_model_parallel_target, model_parallel_notes, needs_config_optimizer
 from dsgen.targets.trl_cli import check_trl, trl_notes
@@ -273,12 +274,14 @@ class TargetContext:
 
 
 def target_context(spec: Spec, plan: Plan, target: str, launcher: str) -> TargetContext:
-    """What ``target``'s templates see. The trl target's JSON is the HF Trainer's
-    (:func:`dsgen.facts.frameworks.config_reader`); TRL's scripts replace the user's script, so its
-    notes are what is left to do before launching, and what they cannot run is refused."""
+    """What ``target``'s templates see. The trl and llamafactory targets' JSON is the HF Trainer's
+    (:func:`dsgen.facts.frameworks.config_reader`); their frameworks' scripts replace the user's, so
+    their notes are what is left to do before launching, and what those cannot run is refused."""
     reader = config_reader(target)
     if target == "trl":
         check_trl(spec, plan)
+    if target == "llamafactory":
+        check_llamafactory(spec, plan)
     check_target(plan, reader)  # Ulysses SP needs a framework that passes DeepSpeed an mpu
     check_model_parallel_target(spec, plan, reader)  # AutoTP / AutoEP need a framework that can feed them
     autos = auto_pointers(spec, plan, reader)
@@ -287,7 +290,8 @@ def target_context(spec: Spec, plan: Plan, target: str, launcher: str) -> Target
     hf_optim = HF_CLIENT_OPTIM.get(kind) if reader == "hf-trainer" else None
     if reader == "hf-trainer" and spec.training.optimizer.implementation in CLIENT_IMPLEMENTATIONS:
         hf_optim = HF_TORCH_OPTIM.get((kind, spec.training.optimizer.implementation))
-    notes = trl_notes(spec, plan) if target == "trl" else script_notes(spec, plan, reader, optimizer)
+    own_notes = {"trl": trl_notes, "llamafactory": llamafactory_notes}.get(target)
+    notes = own_notes(spec, plan) if own_notes is not None else script_notes(spec, plan, reader, optimizer)
     return TargetContext(
         target=target,
         launcher=launcher,

@@ -34,6 +34,7 @@ TARGET_TEMPLATES = {
     "accelerate": "accelerate/ds_config.json.j2",
     "lightning": "lightning/ds_config.json.j2",
     "trl": "hf-trainer/ds_config.json.j2",  # TRL's trainers are the HF Trainer's (config_reader)
+    "llamafactory": "hf-trainer/ds_config.json.j2",  # and so are LLaMA-Factory's
 }
 
 

@@ -18,12 +18,11 @@ TRL's CLI parses the YAML into its script's dataclasses and hands every key they
 TRL's scripts do what the other targets leave to the user's script: they build the arguments
 before the model (so ZeRO-3 builds it under ``zero.Init``), wrap it with PEFT, prepare a 4-bit
 model, create the reference model and end the process group (``trainer.end()``). What they cannot
-do is refused by name (:func:`check_trl`).
+do is refused by name (:func:`check_trl`, :mod:`dsgen.targets.own_script`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from dsgen.errors import DsgenError
@@ -31,14 +30,12 @@ from dsgen.plan import Plan
 from dsgen.spec.types import Spec
 from dsgen.targets.finetuning_files import TORCH_DTYPE, peft_config, quantization_config, trl_config
 from dsgen.targets.model_parallel import model_parallel_notes
+from dsgen.targets.own_script import PLACEHOLDER, Section, check_own_script
 from dsgen.vocabulary import HF_ATTN_IMPLEMENTATION
 
 #: The objectives TRL's CLI trains, each its own command (TRL 1.16: ``trl/cli/commands/__init__.py``
 #: ``get_commands``; ORPO and CPO/SimPO live in ``trl.experimental`` and have none).
 TRL_COMMANDS = ("sft", "dpo", "kto", "grpo", "reward")
-
-#: How every value the user must fill in starts; launch.sh refuses to start while one is left.
-PLACEHOLDER = "REQUIRED: "
 
 #: ``peft_config.json``'s keys under ModelConfig's names (``bias`` is "none" in both).
 LORA_KEYS = {
@@ -56,21 +53,6 @@ QUANTIZATION_KEYS = {
     "bnb_4bit_use_double_quant": "use_bnb_nested_quant",
     "bnb_4bit_quant_storage": "bnb_4bit_quant_storage",
 }
-
-
-@dataclass(frozen=True)  # one per part of trl_config.yaml
-class Section:
-    """A commented block of ``trl_config.yaml``: its title and its keys, in order."""
-
-    title: str
-    values: dict[str, Any]
-
-    def yaml(self) -> str:
-        """The block's keys as PyYAML writes them, which is how TRL's parser reads them back
-        (``yaml.safe_load``: a float without a dot, ``1e-08``, would come back a string)."""
-        import yaml
-
-        return yaml.safe_dump(self.values, sort_keys=False, allow_unicode=True, width=1_000_000)
 
 
 def trl_command(spec: Spec) -> str:
@@ -96,27 +78,7 @@ def check_trl(spec: Spec, plan: Plan) -> None:
             location=spec.location("training.finetuning"),
             hint=hint,
         )
-    if plan.long_context.active:
-        raise DsgenError(
-            f"the plan uses ALST ({plan.long_context.label()}), which needs calls in the training script that "
-            "TRL's scripts do not make (dsgen.targets.long_context)",
-            path="output.target",
-            hint=f"{hint}, or pin constraints.sequence_parallel_size: 1 and the tiling keys to false",
-        )
-    if plan.checkpointing == "selective":
-        raise DsgenError(
-            "selective recomputation wraps the attention function in the training script; TRL's scripts "
-            "checkpoint whole layers or nothing",
-            path="output.target",
-            hint=f"{hint}, or pin constraints.activation_checkpointing",
-        )
-    if plan.zero_stage == 3 and spec.model.num_experts > 0:
-        raise DsgenError(
-            "ZeRO-3 on a mixture-of-experts model needs its MoE block marked as a ZeRO-3 leaf "
-            "(deepspeed.utils.set_z3_leaf_modules) in the training script, which TRL's scripts do not do",
-            path="output.target",
-            hint=f"{hint}, or pin constraints.zero_stage: 2",
-        )
+    check_own_script(spec, plan, "trl", "TRL")
 
 
 def model_source(spec: Spec) -> str:
