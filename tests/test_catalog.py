@@ -736,7 +736,12 @@ def test_a_lookup_reads_only_the_file_it_needs(tmp_path: Path, monkeypatch: pyte
     ("file_name", "text", "fragment"),
     [
         ("odd-family.yaml", "family: nonesuch\npublished_parameters: 1\n", "family: 'nonesuch' is not a family"),
-        ("no-count.yaml", "family: llama\n", "published_parameters must be a positive integer"),
+        ("no-count.yaml", "hf_id: acme/x\nfamily: llama\n", "published_parameters must be a positive integer"),
+        (
+            "no-id.yaml",
+            "family: llama\npublished_parameters: 1\n",
+            "hf_id must name the model's Hugging Face repository",
+        ),
         ("Upper_Case.yaml", "family: llama\n", "preset names must be lowercase and hyphenated"),
     ],
 )

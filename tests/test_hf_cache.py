@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from dsgen.api import load_spec
+from dsgen.catalog import presets as presets_module
 from dsgen.catalog.hf_cache import cached_config, hub_cache_dir
+from dsgen.catalog.presets import get_model
 from tests.cli_helpers import run_cli
 from tests.conftest import EXAMPLES_DIR, require_module
 
@@ -109,7 +111,7 @@ def test_a_cached_model_id_reads_as_its_config_file_does(tmp_path: Path, monkeyp
     by_file = tmp_path / "by-file.yaml"
     by_file.write_text(SPEC.replace("hf: {model}", f"hf_config: {config}").format(extra=""))
     from_id, from_file = load_spec(by_id).model, load_spec(by_file).model
-    assert from_id.name == "Qwen/Qwen2.5-7B-Instruct"
+    assert from_id.name == "Qwen/Qwen2.5-7B-Instruct"  # the cache wins over the qwen2.5-7b preset
     assert from_id == dataclasses.replace(from_file, name=from_id.name)
     assert from_id.parameter_count() == from_file.parameter_count() > 0
     assert json.loads(TINY_CONFIG.read_text())["hidden_size"] == from_id.hidden_size
@@ -120,13 +122,13 @@ def test_a_model_not_in_the_cache_is_one_error_with_the_command_that_fetches_it(
 ) -> None:
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
     spec = tmp_path / "spec.yaml"
-    spec.write_text(SPEC.format(model="meta-llama/Llama-3.1-8B", extra=""))
+    spec.write_text(SPEC.format(model="acme/Widget-7B", extra=""))  # no preset has its architecture
     result = run_cli(["new", str(spec), "-o", str(tmp_path / "out.json")], capsys)
     assert result.exit_code == 2
-    assert "spec.yaml:2: model.hf: meta-llama/Llama-3.1-8B is not in the local Hugging Face cache" in result.stderr
-    assert "hf download meta-llama/Llama-3.1-8B config.json" in result.stderr
+    assert "spec.yaml:2: model.hf: acme/Widget-7B is not in the local Hugging Face cache" in result.stderr
+    assert "hf download acme/Widget-7B config.json" in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "out.json").exists()
-    spec.write_text(SPEC.format(model="meta-llama/Llama-3.1-8B", extra="  hf_revision: v9\n"))
+    spec.write_text(SPEC.format(model="acme/Widget-7B", extra="  hf_revision: v9\n"))
     tagged = run_cli(["solve", str(spec)], capsys)
     assert tagged.exit_code == 2 and "at revision v9" in tagged.stderr and "--revision v9" in tagged.stderr
 
@@ -141,3 +143,41 @@ def test_a_revision_without_a_model_id_and_a_malformed_id_are_refused_by_name(
     spec.write_text(SPEC.format(model="'../../etc/passwd'", extra=""))
     malformed = run_cli(["solve", str(spec)], capsys)
     assert malformed.exit_code == 2 and "spec.yaml:2: model.hf" in malformed.stderr
+
+
+@pytest.mark.parametrize(
+    ("model_id", "preset"),
+    [
+        ("meta-llama/Llama-3.1-8B", "llama-3.1-8b"),
+        ("meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b"),
+        ("Qwen/Qwen2.5-7B-Instruct", "qwen2.5-7b"),
+        ("google/gemma-2-9b-it", "gemma-2-9b"),
+        ("meta-llama/Llama-2-7b-chat-hf", "llama-2-7b"),
+    ],
+)
+def test_a_model_id_not_in_the_cache_is_priced_as_the_preset_of_its_architecture_and_says_so(
+    model_id: str, preset: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.format(model=model_id, extra=""))
+    loaded = load_spec(spec)
+    assert loaded.model == dataclasses.replace(get_model(preset), name=model_id)
+    assert any(f"priced as the preset {preset}" in note for note in loaded.notes), loaded.notes
+    result = run_cli(["solve", str(spec)], capsys)
+    assert result.exit_code == 0, result.stderr
+    assert f"model.hf {model_id} is not in the local Hugging Face cache; priced as the preset {preset}" in (
+        result.stdout + result.stderr
+    )
+
+
+def test_every_preset_names_its_own_repository_and_no_two_share_an_architecture() -> None:
+    from dsgen.catalog.presets import _hf_ids, model_presets, preset_for_hf_id
+
+    ids = _hf_ids()
+    assert set(ids) == set(model_presets())
+    for name, model_id in ids.items():
+        assert preset_for_hf_id(model_id) == name
+        # the first line of each preset file names the repository its numbers come from
+        first = (Path(presets_module.MODELS_DIR) / f"{name}.yaml").read_text().splitlines()[0]
+        assert first.startswith(f"# {model_id}:"), (name, first)

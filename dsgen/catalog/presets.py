@@ -62,6 +62,42 @@ def published_parameter_counts() -> dict[str, int]:
     return dict(_models()[1])
 
 
+#: What fine-tuned and re-uploaded repositories add to the base model's name (same config.json numbers).
+_VARIANT_SUFFIXES = ("-instruct", "-it", "-chat", "-hf", "-base", "-pt")
+
+
+def _architecture_key(model_id: str) -> str:
+    """A repository's name without its organisation or a variant suffix, lower-cased:
+    ``unsloth/Llama-3.1-8B-Instruct`` and ``meta-llama/Llama-3.1-8B`` share ``llama-3.1-8b``."""
+    key = model_id.rsplit("/", 1)[-1].lower()
+    stripped = True
+    while stripped:
+        stripped = False
+        for suffix in _VARIANT_SUFFIXES:
+            if key.endswith(suffix):
+                key, stripped = key[: -len(suffix)], True
+    return key
+
+
+def preset_for_hf_id(model_id: str) -> str | None:
+    """The model preset of Hugging Face repository ``model_id``: the one whose ``hf_id`` it names,
+    else the one whose repository differs from it only by organisation or a variant suffix
+    (``-Instruct``, ``-it``, ``-chat``, ``-hf``, ``-Base``, ``-pt``), which keep the base model's
+    architecture. None when no preset matches."""
+    ids = _hf_ids()
+    exact = {hf_id.lower(): name for name, hf_id in ids.items()}
+    if model_id.lower() in exact:
+        return exact[model_id.lower()]
+    by_architecture = {_architecture_key(hf_id): name for name, hf_id in ids.items()}
+    return by_architecture.get(_architecture_key(model_id))
+
+
+@cache
+def _hf_ids() -> dict[str, str]:
+    """Each model preset's Hugging Face repository (its ``hf_id``), by preset name."""
+    return {name: str(_read(MODELS_DIR / f"{name}.yaml")["hf_id"]) for name in _names(MODELS_DIR)}
+
+
 def family_defaults(family: str) -> dict[str, Any]:
     """The ModelShape fields one family fixes (``data/model-families.yaml``): what an inline
     ``model.architecture`` block, like a preset file, leaves out. A fresh dict."""
@@ -170,6 +206,8 @@ def _model(name: str) -> tuple[ModelShape, int]:
     file = MODELS_DIR / f"{name}.yaml"
     entry = _read(file)
     values = {**_family(entry.get("family"), file), **entry}
+    if not isinstance(values.pop("hf_id", None), str):  # read by preset_for_hf_id, not a ModelShape field
+        raise ValueError(f"{file}: hf_id must name the model's Hugging Face repository")
     count = values.pop("published_parameters", None)
     if type(count) is not int or count <= 0:
         raise ValueError(f"{file}: published_parameters must be a positive integer")
@@ -213,7 +251,7 @@ def _read(file: Path) -> dict[str, Any]:
 
 def _forget_loaded() -> None:
     """Drop everything loaded so far (tests that point the module at other data files use this)."""
-    for cached in (_names, _family_nodes, _gpu, _model):
+    for cached in (_names, _family_nodes, _gpu, _model, _hf_ids):
         cached.cache_clear()
 
 

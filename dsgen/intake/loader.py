@@ -212,10 +212,12 @@ class _SpecBuilder:
             from dsgen.catalog.hf_config import AssumptionWarning, shape_from_hf_config
 
             if kind == "hf":
-                config_file = self.cached_config(
-                    block["hf"], block.get("hf_revision", spec_default("model.hf_revision"))
-                )
-                name = name or block["hf"]
+                source = self.hf_source(block["hf"], block.get("hf_revision", spec_default("model.hf_revision")))
+                if isinstance(source, str):  # not in the cache: the preset of its architecture
+                    from dsgen.catalog.presets import get_model
+
+                    return replace(get_model(source), name=name or block["hf"])
+                config_file, name = source, name or block["hf"]
             else:
                 config_file = self.base_dir / block["hf_config"]
             try:  # a file or a model folder
@@ -235,26 +237,36 @@ class _SpecBuilder:
             shape = replace(shape, name=name)
         return shape
 
-    def cached_config(self, model_id: str, revision: str) -> Path:
-        """The ``config.json`` of Hugging Face model ``model_id`` in the local cache; one clear error,
-        with the command that fetches it, when the cache does not hold it (dsgen never downloads)."""
+    def hf_source(self, model_id: str, revision: str) -> Path | str:
+        """Where Hugging Face model ``model_id`` is read from: its ``config.json`` in the local cache,
+        else the name of the preset of its architecture (:func:`dsgen.catalog.presets.preset_for_hf_id`,
+        said in the notes), else one clear error with the command that fetches the config (dsgen
+        never downloads)."""
         from dsgen.catalog.hf_cache import cached_config, hub_cache_dir
+        from dsgen.catalog.presets import preset_for_hf_id
 
         cache = hub_cache_dir()
         try:
             found = cached_config(model_id, cache, revision)
         except OSError as exc:
             raise self.fail(("model", "hf"), f"cannot read the Hugging Face cache {cache}: {exc.strerror}") from None
-        if found is None:
-            at = "" if revision == spec_default("model.hf_revision") else f" at revision {revision}"
-            raise self.fail(
-                ("model", "hf"),
-                f"{model_id}{at} is not in the local Hugging Face cache ({cache}); dsgen reads it, never downloads",
-                hint=f"fetch its config once: hf download {model_id} config.json"
-                + ("" if not at else f" --revision {revision}")
-                + " (or set HF_HUB_CACHE, or give model.hf_config)",
+        if found is not None:
+            return found
+        preset = preset_for_hf_id(model_id)
+        if preset is not None:
+            self.notes.append(
+                f"model.hf {model_id} is not in the local Hugging Face cache; priced as the preset {preset}, "
+                "the same architecture (put its config.json in the cache to price the model itself)"
             )
-        return found
+            return preset
+        at = "" if revision == spec_default("model.hf_revision") else f" at revision {revision}"
+        raise self.fail(
+            ("model", "hf"),
+            f"{model_id}{at} is not in the local Hugging Face cache ({cache}); dsgen reads it, never downloads",
+            hint=f"fetch its config once: hf download {model_id} config.json"
+            + ("" if not at else f" --revision {revision}")
+            + " (or set HF_HUB_CACHE, or give model.hf_config; no preset has its architecture)",
+        )
 
     def architecture(self, arch: dict[str, Any], name: str) -> ModelShape:
         """An inline architecture: the numbers given, and the rest from the family's entry in
