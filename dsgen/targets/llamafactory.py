@@ -26,7 +26,7 @@ from dsgen.plan import Plan
 from dsgen.spec.types import Spec
 from dsgen.targets.finetuning_files import peft_config
 from dsgen.targets.model_parallel import model_parallel_notes
-from dsgen.targets.own_script import PLACEHOLDER, Section, check_own_script
+from dsgen.targets.own_script import PLACEHOLDER, Section, check_own_script, model_source
 
 #: ``flash_attn`` for each spec attention (``extras/constants.py`` ``AttentionFunction``).
 LLAMAFACTORY_ATTENTION = {"flash": "fa2", "flash3": "fa3", "sdpa": "sdpa", "eager": "disabled"}
@@ -108,11 +108,7 @@ def _method(spec: Spec, plan: Plan) -> dict[str, Any]:
 def llamafactory_sections(spec: Spec, plan: Plan, training_args: dict[str, Any]) -> tuple[Section, ...]:
     """The blocks of ``llamafactory.yaml``: what to fill in, the method, the plan, the data."""
     required = {
-        "model_name_or_path": (
-            spec.model.name
-            if spec.names("model.hf") and not spec.names("model.name")
-            else f"{PLACEHOLDER}the model's Hugging Face id or local folder"
-        ),
+        "model_name_or_path": model_source(spec),
         "dataset": f"{PLACEHOLDER}dataset names from your dataset_info.json, comma-separated",
         "template": f"{PLACEHOLDER}the model's chat template (LLaMA-Factory's template name)",
         "output_dir": f"{PLACEHOLDER}where checkpoints and the trained model go",

@@ -35,6 +35,13 @@ class Section:
         return yaml.safe_dump(self.values, sort_keys=False, allow_unicode=True, width=1_000_000)
 
 
+def model_source(spec: Spec) -> str:
+    """``model_name_or_path``: the spec's Hugging Face id when it names the model by one, else a placeholder."""
+    if spec.names("model.hf") and not spec.names("model.name"):
+        return spec.model.name
+    return f"{PLACEHOLDER}the model's Hugging Face id or local folder"
+
+
 def check_own_script(spec: Spec, plan: Plan, target: str, framework: str) -> None:
     """Refuse, naming the key to change, a plan ``framework``'s own scripts cannot run."""
     hint = "use --target hf-trainer and a training script of your own"

@@ -30,7 +30,7 @@ from dsgen.plan import Plan
 from dsgen.spec.types import Spec
 from dsgen.targets.finetuning_files import TORCH_DTYPE, peft_config, quantization_config, trl_config
 from dsgen.targets.model_parallel import model_parallel_notes
-from dsgen.targets.own_script import PLACEHOLDER, Section, check_own_script
+from dsgen.targets.own_script import PLACEHOLDER, Section, check_own_script, model_source
 from dsgen.vocabulary import HF_ATTN_IMPLEMENTATION
 
 #: The objectives TRL's CLI trains, each its own command (TRL 1.16: ``trl/cli/commands/__init__.py``
@@ -79,13 +79,6 @@ def check_trl(spec: Spec, plan: Plan) -> None:
             hint=hint,
         )
     check_own_script(spec, plan, "trl", "TRL")
-
-
-def model_source(spec: Spec) -> str:
-    """``model_name_or_path``: the spec's Hugging Face id when it names the model by one, else a placeholder."""
-    if spec.names("model.hf") and not spec.names("model.name"):
-        return spec.model.name
-    return f"{PLACEHOLDER}the model's Hugging Face id or local folder"
 
 
 def trl_sections(spec: Spec, plan: Plan, training_args: dict[str, Any]) -> tuple[Section, ...]:
