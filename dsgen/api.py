@@ -33,8 +33,10 @@ __all__ = [
     "StarterOptions",
     "build_bundle",
     "build_config",
+    "build_framework_bundle",
     "doctor",
     "explain_report",
+    "framework_spec",
     "frontier_of",
     "frontier_report",
     "load_spec",
@@ -237,16 +239,29 @@ def doctor(
         training_args if isinstance(training_args, dict) or training_args is None else read_training_args(training_args)
     )
     factory: list[str] = []
+    shape: tuple[str, ...] = ()
     if llamafactory is not None:
         factory, factory_args = llamafactory_inputs(llamafactory)
         args = {**factory_args, **(args or {})}
+        if not isinstance(spec, Spec):  # its model, sequence and batch, where the spec states none
+            from dsgen.doctor.framework_runs import llamafactory_run
+
+            run = llamafactory_run(llamafactory, spec)
+            shape = run.shape + run.batch
     if isinstance(spec, Spec):
         loaded_spec = (
             spec if release is None else replace(spec, training=replace(spec.training, deepspeed_version=release))
         )
     else:  # through the loader, so its rules for the release hold (no ALST before 0.17.4)
         loaded_spec = doctor_spec(
-            spec, data, release=release, trainer_args=args, method=tuple(factory), peft=peft, world_size=world_size
+            spec,
+            data,
+            release=release,
+            trainer_args=args,
+            method=tuple(factory),
+            peft=peft,
+            world_size=world_size,
+            shape=shape,
         )
     return diagnose(data, loaded_spec, world_size=world_size, trainer_args=args, error_text=error)
 
@@ -340,6 +355,56 @@ def build_bundle(
     request = resource_request(result.spec, chosen, best.memory.cpu.total, best.step.total_s)
     tdir = Path(template_dir) if template_dir is not None else None
     return result, bundle.render_bundle(result.spec, best.plan, chosen, how, tdir, request=request)
+
+
+#: The frameworks whose own training YAML ``new`` and ``solve`` can start from (``--from``).
+FROM_FRAMEWORKS = ("llamafactory",)
+
+
+def framework_spec(
+    framework_yaml: str | Path, framework: str, spec: str | Path, overrides: list[str] | tuple[str, ...] = ()
+) -> Spec:
+    """The spec of a run a framework's own YAML describes (``--from llamafactory``): its model,
+    method, objective, sequence, precision, batch and pins (:mod:`dsgen.doctor.framework_runs`), on
+    the hardware of ``spec``. Whatever ``spec`` states itself wins, and ``overrides`` (``--set``) over both."""
+    from dsgen.doctor.framework_runs import llamafactory_run
+    from dsgen.errors import DsgenError
+
+    if framework not in FROM_FRAMEWORKS:
+        raise DsgenError(f"unknown --from {framework!r}; choose one of {', '.join(FROM_FRAMEWORKS)}", path="--from")
+    run = llamafactory_run(framework_yaml, spec)
+    return load_spec(spec, [*run.shape, *run.method, *run.pins, *run.batch, f"output.target={framework}", *overrides])
+
+
+def build_framework_bundle(
+    framework_yaml: str | Path,
+    framework: str,
+    spec: str | Path,
+    overrides: list[str] | tuple[str, ...] = (),
+    accounting: Accounting = "dsgen",
+    *,
+    scope: Scope = "full",
+) -> tuple[SolveResult, Bundle]:
+    """``dsgen new FILE --from FRAMEWORK --spec SPEC``: the plan of :func:`framework_spec`, written
+    as the DeepSpeed JSON and the user's own YAML with the plan's keys set (every other line kept,
+    :func:`dsgen.targets.llamafactory.with_plan`); the notes list each key changed."""
+    from dataclasses import replace
+
+    from dsgen.inputs import read_text
+    from dsgen.search.solver import require_feasible
+    from dsgen.targets import CONFIG_FILE
+    from dsgen.targets.bundle import render_bundle
+    from dsgen.targets.llamafactory import plan_keys, with_plan
+
+    loaded = framework_spec(framework_yaml, framework, spec, overrides)
+    result = solve_spec(loaded, accounting, scope)
+    best = require_feasible(result)
+    bundle = render_bundle(result.spec, best.plan, framework, "none")
+    name = Path(framework_yaml).name
+    text, changed = with_plan(read_text(Path(framework_yaml), "LLaMA-Factory YAML"), plan_keys(best.plan, CONFIG_FILE))
+    notes = tuple(f"set {change}" for change in changed)
+    notes += (f"start it from the written directory: FORCE_TORCHRUN=1 llamafactory-cli train {name}",)
+    return result, replace(bundle, files={CONFIG_FILE: bundle.files[CONFIG_FILE], name: text}, notes=notes)
 
 
 def frontier_of(spec: Spec, over: str = "sequence_length", gpus: list[int] | None = None) -> list[FrontierPoint]:

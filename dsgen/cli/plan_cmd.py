@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -34,6 +34,35 @@ TargetOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (the output contract) instead of text.")]
+FromOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--from",
+        help="SPEC is this framework's own training YAML (llamafactory): model, method, lengths and batch come "
+        "from it, the hardware from --spec.",
+        metavar="FRAMEWORK",
+    ),
+]
+ClusterOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--spec",
+        help="With --from: the spec with the hardware (it may hold only hardware; anything else it states wins).",
+        metavar="FILE",
+    ),
+]
+
+
+def _framework_spec_file(from_framework: str | None, cluster: Path | None) -> Path | None:
+    """The --spec file of a --from run; one clear error when only one of the two is given."""
+    from dsgen.errors import DsgenError
+
+    if (from_framework is None) != (cluster is None):
+        given, missing = ("--from", "--spec") if cluster is None else ("--spec", "--from")
+        raise DsgenError(
+            f"{given} needs {missing}", path=missing, hint="dsgen new FILE --from llamafactory --spec cluster.yaml"
+        )
+    return cluster
 
 
 class Accounting(str, Enum):
@@ -98,22 +127,31 @@ def new(
             help="Write a plan above the calibrated safe line (but below GPU capacity) when none fits below it.",
         ),
     ] = False,
+    from_framework: FromOpt = None,
+    cluster: ClusterOpt = None,
 ) -> None:
     """Solve the spec, render and validate the DeepSpeed config (and the target's files), and write them."""
-    from dsgen.api import build_bundle
+    from dsgen.api import build_bundle, build_framework_bundle
     from dsgen.reporting.report import human_summary, result_dict, script_requirements
     from dsgen.targets.bundle import default_destination, write_bundle
 
-    result, bundle = build_bundle(
-        spec_file,
-        overrides or [],
-        accounting.value,
-        target=target,
-        launcher=launcher,
-        template_dir=template_dir,
-        allow_tight=allow_tight,
-        scope="full" if as_json else "choice",  # the JSON carries the alternatives; the text, the plan
-    )
+    scope: Literal["full", "choice"] = "full" if as_json else "choice"  # the JSON carries the alternatives
+    hardware = _framework_spec_file(from_framework, cluster)
+    if from_framework is not None and hardware is not None:  # the user's YAML, written back with the plan
+        result, bundle = build_framework_bundle(
+            spec_file, from_framework, hardware, overrides or [], accounting.value, scope=scope
+        )
+    else:
+        result, bundle = build_bundle(
+            spec_file,
+            overrides or [],
+            accounting.value,
+            target=target,
+            launcher=launcher,
+            template_dir=template_dir,
+            allow_tight=allow_tight,
+            scope=scope,
+        )
     spec = result.spec
     dest = output if output is not None else _resolve_output(spec_file, default_destination(spec, bundle))
     written = write_bundle(bundle, dest, force=force)
@@ -155,13 +193,20 @@ def solve(
     top: Annotated[int, typer.Option("--top", min=0, help="Also list the N fastest feasible plans.", metavar="N")] = 0,
     accounting: AccountingOpt = Accounting.dsgen,
     target: TargetOpt = None,
+    from_framework: FromOpt = None,
+    cluster: ClusterOpt = None,
 ) -> None:
     """Solve the spec and report the plan; nothing is written. Exit 3 when nothing fits."""
-    from dsgen.api import load_spec, solve_for_target, solve_json
+    from dsgen.api import framework_spec, load_spec, solve_for_target, solve_json
     from dsgen.estimate.throughput import STEP_TIME_TIE_BAND
     from dsgen.reporting.report import evaluation_dict, human_summary, ranked_table
 
-    result, difference = solve_for_target(load_spec(spec_file, overrides or []), target, accounting.value)
+    hardware = _framework_spec_file(from_framework, cluster)
+    if from_framework is not None and hardware is not None:
+        spec = framework_spec(spec_file, from_framework, hardware, overrides or [])
+    else:
+        spec = load_spec(spec_file, overrides or [])
+    result, difference = solve_for_target(spec, target, accounting.value)
     if as_json:
         body = solve_json(result, difference, target_given=target is not None)
         if top:

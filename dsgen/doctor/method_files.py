@@ -325,7 +325,8 @@ def llamafactory_inputs(path: str | Path) -> tuple[list[str], dict[str, Any]]:
     (``finetuning_type``, ``lora_rank``, ``lora_alpha``, ``lora_dropout``, ``lora_target``,
     ``quantization_bit``, ``freeze_trainable_layers``), the objective (``stage``, ``pref_loss``),
     and what it passes to the HF Trainer (``per_device_train_batch_size``,
-    ``gradient_accumulation_steps``, ``cutoff_len`` as the sequence, ``bf16``/``fp16``). Defaults and
+    ``gradient_accumulation_steps``, ``cutoff_len`` as the sequence, ``bf16``/``fp16``, and checkpointing,
+    on unless ``disable_gradient_checkpointing``). Defaults and
     types are LLaMA-Factory's (``hparams/finetuning_args.py``: ``stage`` and ``finetuning_type``
     literals, ``lora_rank: int = 8``, ``lora_alpha: int | None`` (None: 2 x rank), ``lora_dropout:
     float = 0``, ``lora_target: str = "all"``, ``freeze_trainable_layers: int = 2``, ``pref_loss: str``;
@@ -371,6 +372,9 @@ def llamafactory_inputs(path: str | Path) -> tuple[list[str], dict[str, Any]]:
         if value is not None:
             args[key] = value
     args["max_length"] = yaml.get("cutoff_len", integer(1), 2048)
+    # LLaMA-Factory checkpoints every layer unless told not to (model_args.py
+    # disable_gradient_checkpointing: bool = False; model/model_utils/checkpointing.py)
+    args["gradient_checkpointing"] = not yaml.get("disable_gradient_checkpointing", boolean(), False)
     for key in ("bf16", "fp16"):
         if key in data:
             args[key] = yaml.get(key, boolean())

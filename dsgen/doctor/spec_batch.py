@@ -46,12 +46,14 @@ def doctor_spec(
     method: tuple[str, ...] = (),
     peft: str | Path | None = None,
     world_size: int | None = None,
+    shape: tuple[str, ...] = (),
 ) -> Spec:
     """The spec at ``path`` as the doctor prices ``config`` on it: the DeepSpeed ``release`` the
-    run uses, the method and objective its own files state (``method``: LLaMA-Factory and TRL
+    run uses, the model and sequence a LLaMA-Factory YAML gives where the spec has none (``shape``),
+    the method and objective its own files state (``method``: LLaMA-Factory and TRL
     overrides; ``peft``: the adapter config), and the config's global batch where the spec states
     none (:func:`config_batch_overrides`)."""
-    base = [] if release is None else [f'training.deepspeed_version="{release}"']
+    base = [*shape] if release is None else [*shape, f'training.deepspeed_version="{release}"']
     batch = config_batch_overrides(path, base, config, trainer_args=trainer_args, world_size=world_size)
     spec = load_spec(path, [*base, *batch])
     chosen = [*method, *trl_overrides(dict(trainer_args or {}))]

@@ -141,3 +141,49 @@ def llamafactory_notes(spec: Spec, plan: Plan) -> list[str]:
     ]
     notes.extend(model_parallel_notes(spec, plan, "hf-trainer"))  # LLaMA-Factory's trainers are the HF Trainer's
     return notes
+
+
+def plan_keys(plan: Plan, ds_config: str) -> dict[str, Any]:
+    """What a plan decides in a LLaMA-Factory YAML (``dsgen new --from llamafactory`` sets these
+    and keeps every other key): the batch split, the checkpointing and the DeepSpeed JSON."""
+    keys: dict[str, Any] = {
+        "per_device_train_batch_size": plan.micro_batch_size,
+        "gradient_accumulation_steps": plan.gradient_accumulation_steps,
+        "deepspeed": ds_config,
+        "disable_gradient_checkpointing": plan.checkpointing != "full",
+        "bf16": plan.precision == "bf16",
+        "fp16": plan.precision == "fp16",
+    }
+    return keys
+
+
+def with_plan(text: str, keys: dict[str, Any]) -> tuple[str, list[str]]:
+    """``text`` (a LLaMA-Factory YAML) with each of ``keys`` set: a top-level ``key: value`` line is
+    rewritten in place, its comment kept; a key the file lacks is appended, unless its value is
+    false, which is LLaMA-Factory's default for each of these. Every other line stays byte for byte.
+    Returns the new text and the keys whose value changed (as ``key: old -> new``)."""
+    import re
+
+    import yaml
+
+    old = yaml.safe_load(text) or {}
+    lines = text.splitlines(keepends=True)
+    changed: list[str] = []
+    missing = dict(keys)
+    for index, line in enumerate(lines):
+        match = re.match(r"^([A-Za-z_][\w.-]*):[ \t]*(.*?)([ \t]+#.*)?(\r?\n)?$", line)
+        if match is None or match.group(1) not in missing:
+            continue
+        key = match.group(1)
+        value = missing.pop(key)
+        written = yaml.safe_dump({key: value}, default_flow_style=True, width=1_000_000).strip()[1:-1]
+        lines[index] = written + (match.group(3) or "") + (match.group(4) or "")
+        if old.get(key) != value:
+            changed.append(f"{key}: {old.get(key)} -> {value}")
+    missing = {key: value for key, value in missing.items() if value is not False}  # False: the default
+    if missing:
+        tail = "" if not lines or lines[-1].endswith("\n") else "\n"
+        block = "".join(f"{yaml.safe_dump({k: v}, width=1_000_000)}" for k, v in missing.items())
+        lines.append(f"{tail}\n### set by dsgen\n{block}")
+        changed += [f"{key}: (unset) -> {value}" for key, value in missing.items()]
+    return "".join(lines), changed
