@@ -20,13 +20,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from dsgen.errors import DsgenError
 from dsgen.facts.frameworks import LLAMAFACTORY_PREF_LOSS, LLAMAFACTORY_STAGES
 from dsgen.plan import Plan
 from dsgen.spec.types import Spec
 from dsgen.targets.finetuning_files import peft_config
 from dsgen.targets.model_parallel import model_parallel_notes
-from dsgen.targets.own_script import PLACEHOLDER, Section, check_own_script, model_source
+from dsgen.targets.own_script import PLACEHOLDER, Section, check_own_script, model_source, refusal
 
 #: ``flash_attn`` for each spec attention (``extras/constants.py`` ``AttentionFunction``).
 LLAMAFACTORY_ATTENTION = {"flash": "fa2", "flash3": "fa3", "sdpa": "sdpa", "eager": "disabled"}
@@ -51,28 +50,28 @@ def check_llamafactory(spec: Spec, plan: Plan) -> None:
     finetuning = spec.training.finetuning
     hint = "use --target trl or hf-trainer"
     if finetuning.objective not in set(LLAMAFACTORY_STAGES.values()) | set(LLAMAFACTORY_PREF_LOSS.values()):
-        raise DsgenError(
+        raise refusal(
+            spec,
+            "training.objective",
             f"objective {finetuning.objective}: LLaMA-Factory has no stage for it "
             f"(stage: {', '.join(LLAMAFACTORY_STAGES)})",
-            path="training.objective",
-            location=spec.location("training.objective"),
-            hint=hint,
+            hint,
         )
     if finetuning.objective == "ppo":
-        raise DsgenError(
+        raise refusal(
+            spec,
+            "training.objective",
             "objective ppo: LLaMA-Factory's PPO stage loads its reward model its own way "
             "(reward_model_type), which dsgen does not price",
-            path="training.objective",
-            location=spec.location("training.objective"),
-            hint=hint,
+            hint,
         )
     if finetuning.method == "freeze" and finetuning.freeze.trainable:
-        raise DsgenError(
+        raise refusal(
+            spec,
+            "training.freeze.trainable",
             "training.freeze.trainable names modules by their path; LLaMA-Factory's freeze_extra_modules "
             "takes module names beside the last layers, which dsgen does not translate",
-            path="training.freeze.trainable",
-            location=spec.location("training.freeze.trainable"),
-            hint="leave training.freeze.trainable empty, or use --target hf-trainer",
+            "leave training.freeze.trainable empty, or use --target hf-trainer",
         )
     check_own_script(spec, plan, "llamafactory", "LLaMA-Factory")
 

@@ -35,6 +35,11 @@ class Section:
         return yaml.safe_dump(self.values, sort_keys=False, allow_unicode=True, width=1_000_000)
 
 
+def refusal(spec: Spec, key: str, message: str, hint: str) -> DsgenError:
+    """The error refusing what a framework's scripts cannot run, at the spec key that asks for it."""
+    return DsgenError(message, path=key, location=spec.location(key), hint=hint)
+
+
 def model_source(spec: Spec) -> str:
     """``model_name_or_path``: the spec's Hugging Face id when it names the model by one, else a placeholder."""
     if spec.names("model.hf") and not spec.names("model.name"):

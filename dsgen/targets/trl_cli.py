@@ -25,12 +25,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from dsgen.errors import DsgenError
 from dsgen.plan import Plan
 from dsgen.spec.types import Spec
 from dsgen.targets.finetuning_files import TORCH_DTYPE, peft_config, quantization_config, trl_config
 from dsgen.targets.model_parallel import model_parallel_notes
-from dsgen.targets.own_script import PLACEHOLDER, Section, check_own_script, model_source
+from dsgen.targets.own_script import PLACEHOLDER, Section, check_own_script, model_source, refusal
 from dsgen.vocabulary import HF_ATTN_IMPLEMENTATION
 
 #: The objectives TRL's CLI trains, each its own command (TRL 1.16: ``trl/cli/commands/__init__.py``
@@ -65,18 +64,18 @@ def check_trl(spec: Spec, plan: Plan) -> None:
     finetuning = spec.training.finetuning
     hint = "use --target hf-trainer and a training script of your own"
     if finetuning.objective not in TRL_COMMANDS:
-        raise DsgenError(
+        raise refusal(
+            spec,
+            "training.objective",
             f"objective {finetuning.objective}: TRL's CLI has no command for it (trl {' | '.join(TRL_COMMANDS)})",
-            path="training.objective",
-            location=spec.location("training.objective"),
-            hint=hint,
+            hint,
         )
     if finetuning.method == "freeze":
-        raise DsgenError(
+        raise refusal(
+            spec,
+            "training.finetuning",
             "finetuning freeze: TRL's CLI trains every parameter or a LoRA adapter; it cannot freeze layers",
-            path="training.finetuning",
-            location=spec.location("training.finetuning"),
-            hint=hint,
+            hint,
         )
     check_own_script(spec, plan, "trl", "TRL")
 
